@@ -1,0 +1,63 @@
+// Checkpointing: compute a partition without keeping its activations, and recompute them just
+// before its backward.
+//
+// Checkpointing::checkpoint() runs the function under no-grad inside a Checkpoint autograd node
+// (diagram [2] in pipeline.h); Checkpointing::recompute() hangs a Recompute node beside the output
+// with fork/join (diagram [4]), so that in backward Recompute runs first: it restores the random
+// number generators to their state at forward time (so dropout draws the same masks), runs the
+// function again with grad, and hands the result to Checkpoint, whose backward then
+// differentiates it re-entrantly.
+//
+// Thread safety: checkpoint() may run on a worker thread and recompute() on another; the two
+// nodes then run in backward, ordered by fork/join, so their shared state needs no lock.
+// is_checkpointing() and is_recomputing() are thread-local.
+#pragma once
+
+#include "gpipe/microbatch.h"
+
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+
+namespace gpipe {
+
+/// True while the calling thread runs a checkpointed forward (under no-grad).
+bool is_checkpointing();
+
+/// True while the calling thread recomputes a checkpointed forward in backward.
+bool is_recomputing();
+
+/// A function of one micro-batch, e.g. a partition's forward.
+using BatchFunction = std::function<Batch(const Batch&)>;
+
+/// Computes function(input) with checkpointing: the result is the same and so are the gradients,
+/// but the activations inside `function` are recomputed in backward instead of being kept.
+Batch checkpoint(BatchFunction function, const Batch& input);
+
+namespace detail {
+
+/// The state shared by the Checkpoint and Recompute nodes of one micro-batch.
+struct CheckpointState;
+
+/// Checkpointing of one call of `function` on `input`.
+class Checkpointing {
+ public:
+  Checkpointing(BatchFunction function, Batch input);
+  ~Checkpointing();
+  Checkpointing(const Checkpointing&) = delete;
+  Checkpointing& operator=(const Checkpointing&) = delete;
+
+  /// Computes the output under a Checkpoint node. [2]
+  Batch checkpoint();
+
+  /// Schedules the recomputation before the backward of `output` (what checkpoint() returned),
+  /// replacing one of its tensors with a joined one. [4]
+  void recompute(Batch& output);
+
+ private:
+  c10::intrusive_ptr<CheckpointState> state_;
+  Batch input_;
+};
+
+}  // namespace detail
+}  // namespace gpipe

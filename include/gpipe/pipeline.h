@@ -1,0 +1,97 @@
+// The pipeline: runs micro-batches through partitions in GPipe's clock-cycle schedule.
+//
+// At clock k, micro-batch i runs on partition j for every i + j == k. Each clock has two phases:
+// the fence, on the driving thread, adds the backward-order dependency between neighbouring
+// micro-batches and copies each micro-batch to its next device; the compute phase hands each
+// (i, j) to partition j's worker and, as results come back in order, finalizes them. With
+// checkpointing, the autograd graph of one (i, j) looks like this:
+//
+//       ┌─────┸──────┐
+//       │    Copy    │                  (fence: to partition j's device)
+//       └─────┰──────┘
+//     ─ ─ ─ ─ ╂ ─ ─ ─ ─ ─ ─ ─ ─ ─ ─ ─
+//       ┌─────┸──────┐                  (compute)
+//       │    Wait    │ [1] partition j's compute stream waits for the copy stream.
+//       └─────┰──────┘
+//       ┌─────┸──────┐
+//       │ Checkpoint │ [2] partition j runs on its worker thread, checkpointed.
+//       └─────┰──────┘
+//       ┌─────┸──────┐
+//       │    Wait    │ [3] the next copy stream waits for the compute stream.
+//       └─────┰──────┘
+//             ┠ ─ ─ ─ ┐
+//             ┃ ┌─────┴─────┐
+//             ┃ │ Recompute │ [4] the recomputation, scheduled to run first in backward.
+//             ┃ └─────┬─────┘
+//             ┠ ─ ─ ─ ┘
+//     ─ ─ ─ ─ ╂ ─ ─ ─ ─ ─ ─ ─ ─ ─ ─ ─
+//       ┌─────┸──────┐                  (fence: to partition j+1's device)
+//       │    Copy    │
+//       └─────┰──────┘
+//
+// Without checkpointing, [2] is a plain call and [4] is absent. Between CPU partitions Copy and
+// Wait have nothing to do and are left out.
+//
+// Thread safety: Pipeline::run is called by one thread, which owns the batches; tasks run on the
+// workers given.
+#pragma once
+
+#include "gpipe/microbatch.h"
+#include "gpipe/worker.h"
+
+#include <c10/core/Stream.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstddef>
+#include <ostream>
+#include <vector>
+
+namespace gpipe {
+
+/// One cell of the schedule: micro-batch `microbatch` on partition `partition`.
+struct Step {
+  size_t microbatch;
+  size_t partition;
+  bool operator==(const Step& other) const {
+    return microbatch == other.microbatch && partition == other.partition;
+  }
+};
+std::ostream& operator<<(std::ostream& out, const Step& step);
+
+/// GPipe's schedule for m micro-batches over n partitions: clock k runs the steps (k - j, j) for
+/// every partition j with 0 <= k - j < m, in order of j. There are m + n - 1 clocks.
+///
+///   clock_cycles(3, 3) = [(0,0)], [(1,0),(0,1)], [(2,0),(1,1),(0,2)], [(2,1),(1,2)], [(2,2)]
+std::vector<std::vector<Step>> clock_cycles(size_t m, size_t n);
+
+namespace detail {
+
+/// One run of the pipeline over `batches`, which it replaces in place with the outputs.
+class Pipeline {
+ public:
+  /// `copy_streams[j][i]` is the stream that micro-batch i arrives on at partition j;
+  /// `workers[j]` computes partition j. Micro-batches i < checkpoint_stop are checkpointed.
+  Pipeline(std::vector<Batch>& batches, std::vector<torch::nn::Sequential>& partitions,
+           std::vector<c10::Device> devices, std::vector<std::vector<c10::Stream>> copy_streams,
+           std::vector<Worker*> workers, size_t checkpoint_stop);
+
+  /// Runs every clock. The first exception of any task is rethrown once the tasks of its clock
+  /// have finished; later clocks do not run.
+  void run();
+
+ private:
+  void fence(const std::vector<Step>& clock);
+  void compute(const std::vector<Step>& clock);
+
+  std::vector<Batch>& batches_;
+  std::vector<torch::nn::Sequential>& partitions_;
+  std::vector<c10::Device> devices_;
+  std::vector<std::vector<c10::Stream>> copy_streams_;
+  std::vector<c10::Stream> compute_streams_;
+  std::vector<Worker*> workers_;
+  size_t checkpoint_stop_;
+  std::shared_ptr<const at::ThreadLocalState> caller_;
+};
+
+}  // namespace detail
+}  // namespace gpipe

@@ -1,0 +1,67 @@
+// Workers: one thread per device that computes pipeline tasks in the order they are submitted.
+//
+// Thread safety: submit() and take() are called by one driving thread (the pipeline's); the
+// worker thread only runs Task::compute. A task runs under the thread-local state of the thread
+// that submitted it (grad mode, inference mode, autocast, ...), captured in Task::caller.
+// Exceptions never escape the worker thread: they come back from take() as Completion::error.
+#pragma once
+
+#include "gpipe/microbatch.h"
+
+#include <ATen/ThreadLocalState.h>
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+#include <c10/util/Optional.h>
+
+#include <exception>
+#include <functional>
+#include <memory>
+#include <thread>
+
+namespace gpipe {
+namespace detail {
+
+/// How to compute one micro-batch on one partition. `compute` runs on the worker with `stream`
+/// current; `finalize`, if set, runs on the driving thread once compute has succeeded.
+struct Task {
+  c10::Stream stream{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
+  std::function<Batch()> compute;
+  std::function<void(Batch&)> finalize;
+  std::shared_ptr<const at::ThreadLocalState> caller;
+};
+
+/// The outcome of one task: its batch, or the exception it threw.
+struct Completion {
+  Task task;
+  c10::optional<Batch> batch;
+  std::exception_ptr error;
+};
+
+/// One thread bound to one device.
+class Worker {
+ public:
+  explicit Worker(c10::Device device);
+  /// Runs what was submitted to the end, then joins the thread.
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  c10::Device device() const { return device_; }
+
+  /// Queues `task`. REQUIRES: task.compute and task.caller are set.
+  void submit(Task task);
+
+  /// Blocks until the oldest task not yet taken completes, and returns it.
+  Completion take();
+
+ private:
+  struct Queues;
+  void run();
+
+  c10::Device device_;
+  std::unique_ptr<Queues> queues_;
+  std::unique_ptr<std::thread> thread_;
+};
+
+}  // namespace detail
+}  // namespace gpipe

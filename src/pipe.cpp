@@ -1,0 +1,208 @@
+#include "gpipe/pipe.h"
+
+#include "gpipe/pipeline.h"
+#include "gpipe/stream.h"
+
+#include <c10/util/irange.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+#include <unordered_map>
+
+namespace gpipe {
+namespace {
+
+// Appended to balance errors: the balance is easiest found by measuring.
+constexpr const char* kAutoBalanceAdvice =
+    "\n\nIf your model is still changing, let gpipe::balance find the balance:\n"
+    "  auto balance = gpipe::balance::balance_by_time(partitions, sequential, sample);\n"
+    "  gpipe::GPipe model(sequential, gpipe::GPipeOptions(balance));";
+
+std::string to_string(const std::vector<int64_t>& values) {
+  std::ostringstream out;
+  out << "[";
+  for (const auto k : c10::irange(values.size())) out << (k ? ", " : "") << values[k];
+  out << "]";
+  return out.str();
+}
+
+// Refuses Sequentials whose layers could not be placed on distinct devices.
+void verify_module(torch::nn::Sequential& module) {
+  const auto children = module->children();
+  for (const auto a : c10::irange(children.size())) {
+    for (const auto b : c10::irange(a)) {
+      TORCH_CHECK_VALUE(children[a] != children[b],
+                        "module with duplicate children is not supported (children ", b, " and ",
+                        a, " are the same module)");
+    }
+  }
+  std::unordered_map<const c10::TensorImpl*, size_t> owner;
+  for (const auto k : c10::irange(children.size())) {
+    for (const auto& parameter : children[k]->named_parameters()) {
+      auto [it, inserted] = owner.emplace(parameter.value().unsafeGetTensorImpl(), k);
+      TORCH_CHECK_VALUE(inserted || it->second == k,
+                        "module with duplicate parameters in distinct children is not supported "
+                        "(parameter '",
+                        parameter.key(), "' of child ", k, " is also in child ", it->second, ")");
+    }
+  }
+}
+
+}  // namespace
+
+CheckpointMode parse_checkpoint_mode(const std::string& name) {
+  if (name == "always") return CheckpointMode::kAlways;
+  if (name == "except_last") return CheckpointMode::kExceptLast;
+  if (name == "never") return CheckpointMode::kNever;
+  TORCH_CHECK_VALUE(false, "checkpoint is not one of 'always', 'except_last', or 'never' (got '",
+                    name, "')");
+}
+
+std::ostream& operator<<(std::ostream& out, CheckpointMode mode) {
+  switch (mode) {
+    case CheckpointMode::kAlways:
+      return out << "always";
+    case CheckpointMode::kExceptLast:
+      return out << "except_last";
+    case CheckpointMode::kNever:
+      return out << "never";
+  }
+  return out << "CheckpointMode(" << static_cast<int>(mode) << ")";
+}
+
+GPipeOptions::GPipeOptions(std::vector<int64_t> balance) : balance_(std::move(balance)) {}
+
+GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
+    : options_(std::move(options)) {
+  TORCH_CHECK_VALUE(options_.chunks() > 0, "number of chunks must be positive integer (chunks: ",
+                    options_.chunks(), ")");
+  const auto mode = options_.checkpoint();
+  TORCH_CHECK_VALUE(mode == CheckpointMode::kAlways || mode == CheckpointMode::kExceptLast ||
+                        mode == CheckpointMode::kNever,
+                    "checkpoint is not one of 'always', 'except_last', or 'never' (got ",
+                    static_cast<int>(mode), ")");
+  verify_module(module);
+
+  const auto& balance = options_.balance();
+  const int64_t total = std::accumulate(balance.begin(), balance.end(), int64_t{0});
+  TORCH_CHECK_VALUE(static_cast<int64_t>(module->size()) == total,
+                    "module and sum of balance have different length (module: ", module->size(),
+                    ", sum of balance: ", total, ")", kAutoBalanceAdvice);
+  TORCH_CHECK_VALUE(std::all_of(balance.begin(), balance.end(), [](int64_t b) { return b > 0; }),
+                    "all balance numbers must be positive integer (balance: ", to_string(balance),
+                    ")", kAutoBalanceAdvice);
+
+  auto devices = options_.devices();
+  if (devices.empty()) devices.assign(balance.size(), c10::Device(c10::kCPU));
+  TORCH_CHECK_INDEX(devices.size() >= balance.size(),
+                    "too few devices to hold given partitions (devices: ", devices.size(),
+                    ", partitions: ", balance.size(), ")");
+  devices.erase(devices.begin() + static_cast<std::ptrdiff_t>(balance.size()), devices.end());
+
+  // Split into Sequentials that keep each layer's name: parameters read "partitions.1.3.weight".
+  const auto names = module->named_children().keys();
+  auto modules = register_module("partitions", torch::nn::ModuleList());
+  size_t layer = 0;
+  auto any_layer = module->begin();
+  for (const auto j : c10::irange(balance.size())) {
+    torch::nn::Sequential partition;
+    for (int64_t k = 0; k < balance[j]; ++k, ++layer, ++any_layer) {
+      partition->push_back(names[layer], *any_layer);
+      layers_.push_back(module->ptr(layer));
+    }
+    const c10::Device device = detail::normalize_device(devices[j]);
+    partition->to(device);
+    modules->push_back(partition);
+    partitions_.push_back(partition);
+    devices_.push_back(device);
+
+    // One worker per distinct device: partitions on one device take turns on its thread.
+    auto same_device = [&](const auto& worker) { return worker->device() == device; };
+    auto worker = std::find_if(workers_.begin(), workers_.end(), same_device);
+    if (worker == workers_.end()) {
+      workers_.push_back(std::make_unique<detail::Worker>(device));
+      worker = std::prev(workers_.end());
+    }
+    partition_workers_.push_back(worker->get());
+  }
+  copy_streams_.resize(partitions_.size());
+}
+
+GPipeImpl::~GPipeImpl() = default;
+
+std::shared_ptr<torch::nn::Module> GPipeImpl::ptr(size_t index) const {
+  TORCH_CHECK_INDEX(index < layers_.size(), "index ", index, " is out of range (size: ",
+                    layers_.size(), ")");
+  return layers_[index];
+}
+
+const std::vector<c10::Stream>& GPipeImpl::copy_streams_for(size_t partition, size_t microbatches) {
+  auto& streams = copy_streams_[partition];
+  while (streams.size() < microbatches) streams.push_back(detail::new_stream(devices_[partition]));
+  return streams;
+}
+
+Batch GPipeImpl::run(const Batch& input) {
+  std::lock_guard<std::mutex> lock(forward_mutex_);
+  if (partitions_.empty()) return input;  // an empty Sequential is the identity
+
+  check(input);
+  for (const auto k : c10::irange(input.size())) {
+    TORCH_CHECK_VALUE(input[k].device() == devices_[0],
+                      "input tensor ", k, " is on ", input[k].device(),
+                      ", but the first partition is on ", devices_[0]);
+  }
+
+  std::vector<Batch> batches = scatter(input, options_.chunks());
+  const size_t m = batches.size();
+
+  size_t checkpoint_stop = 0;
+  if (is_training() && torch::autograd::GradMode::is_enabled()) {
+    switch (options_.checkpoint()) {
+      case CheckpointMode::kAlways:
+        checkpoint_stop = m;
+        break;
+      case CheckpointMode::kExceptLast:
+        checkpoint_stop = m - 1;
+        break;
+      case CheckpointMode::kNever:
+        break;
+    }
+  }
+
+  std::vector<std::vector<c10::Stream>> copy_streams;
+  for (const auto j : c10::irange(partitions_.size())) {
+    const auto& streams = copy_streams_for(j, m);
+    copy_streams.emplace_back(streams.begin(), streams.begin() + m);
+  }
+
+  detail::Pipeline(batches, partitions_, devices_, std::move(copy_streams), partition_workers_,
+                   checkpoint_stop)
+      .run();
+  return gather(batches);
+}
+
+void GPipeImpl::to(c10::Device, c10::ScalarType, bool) {
+  TORCH_CHECK_TYPE(false,
+                   "denied to move parameters and buffers, because GPipe should manage device "
+                   "placement");
+}
+
+void GPipeImpl::to(c10::Device, bool) {
+  TORCH_CHECK_TYPE(false,
+                   "denied to move parameters and buffers, because GPipe should manage device "
+                   "placement");
+}
+
+void GPipeImpl::to(c10::ScalarType dtype, bool non_blocking) {
+  torch::nn::Module::to(dtype, non_blocking);
+}
+
+void GPipeImpl::pretty_print(std::ostream& stream) const {
+  stream << "gpipe::GPipe(balance=" << to_string(options_.balance())
+         << ", chunks=" << options_.chunks() << ", checkpoint=" << options_.checkpoint() << ")";
+}
+
+}  // namespace gpipe

@@ -1,0 +1,133 @@
+#include "gpipe/pipeline.h"
+
+#include "gpipe/checkpoint.h"
+#include "gpipe/copy.h"
+#include "gpipe/dependency.h"
+#include "gpipe/stream.h"
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+
+namespace gpipe {
+
+std::ostream& operator<<(std::ostream& out, const Step& step) {
+  return out << "(" << step.microbatch << "," << step.partition << ")";
+}
+
+std::vector<std::vector<Step>> clock_cycles(size_t m, size_t n) {
+  std::vector<std::vector<Step>> clocks;
+  if (m == 0 || n == 0) return clocks;
+  for (size_t k = 0; k < m + n - 1; ++k) {
+    std::vector<Step> clock;
+    for (size_t j = k + 1 > m ? k + 1 - m : 0; j < std::min(k + 1, n); ++j) clock.push_back({k - j, j});
+    clocks.push_back(std::move(clock));
+  }
+  return clocks;
+}
+
+namespace detail {
+namespace {
+
+// Backward of `fork_from` runs after backward of `join_to`.
+void depend(Batch& fork_from, Batch& join_to) {
+  auto [tensor, phony] = fork(fork_from[0]);
+  fork_from[0] = std::move(tensor);
+  join_to[0] = join(join_to[0], phony);
+}
+
+bool both_cpu(const c10::Stream& a, const c10::Stream& b) { return is_cpu(a) && is_cpu(b); }
+
+}  // namespace
+
+Pipeline::Pipeline(std::vector<Batch>& batches, std::vector<torch::nn::Sequential>& partitions,
+                   std::vector<c10::Device> devices,
+                   std::vector<std::vector<c10::Stream>> copy_streams,
+                   std::vector<Worker*> workers, size_t checkpoint_stop)
+    : batches_(batches),
+      partitions_(partitions),
+      devices_(std::move(devices)),
+      copy_streams_(std::move(copy_streams)),
+      workers_(std::move(workers)),
+      checkpoint_stop_(checkpoint_stop),
+      caller_(std::make_shared<at::ThreadLocalState>()) {
+  for (const auto& device : devices_) compute_streams_.push_back(current_stream(device));
+}
+
+void Pipeline::run() {
+  for (const auto& clock : clock_cycles(batches_.size(), partitions_.size())) {
+    fence(clock);
+    compute(clock);
+  }
+}
+
+void Pipeline::fence(const std::vector<Step>& clock) {
+  for (const auto& [i, j] : clock) {
+    // Micro-batch i-1 is differentiated after micro-batch i.
+    if (i != 0) depend(batches_[i - 1], batches_[i]);
+    if (j != 0) {
+      const auto& prev = copy_streams_[j - 1][i];
+      const auto& next = copy_streams_[j][i];
+      if (!both_cpu(prev, next)) batches_[i].set_tensors(copy(batches_[i].tensors(), prev, next));
+    }
+  }
+}
+
+void Pipeline::compute(const std::vector<Step>& clock) {
+  const size_t n = partitions_.size();
+
+  for (const auto& [i, j] : clock) {
+    Batch& batch = batches_[i];
+    const auto& stream = compute_streams_[j];
+    // [1] Synchronize with the copied input.
+    if (j != 0 && !both_cpu(copy_streams_[j][i], stream)) {
+      batch.set_tensors(wait(batch.tensors(), copy_streams_[j][i], stream));
+    }
+
+    Task task;
+    task.stream = stream;
+    task.caller = caller_;
+    auto& partition = partitions_[j];
+    const std::string what = "partition " + std::to_string(j);
+    if (i < checkpoint_stop_) {
+      auto function = [&partition, what](const Batch& input) { return input.call(partition, what); };
+      auto checkpointing = std::make_shared<Checkpointing>(std::move(function), batch);
+      task.compute = [checkpointing] { return checkpointing->checkpoint(); };
+      task.finalize = [checkpointing](Batch& output) { checkpointing->recompute(output); };
+    } else {
+      task.compute = [&partition, batch, what] { return batch.call(partition, what); };
+    }
+    // [2] Compute on the partition's worker, in parallel with the other partitions.
+    workers_[j]->submit(std::move(task));
+  }
+
+  std::exception_ptr error;
+  for (const auto& [i, j] : clock) {
+    Completion done = workers_[j]->take();
+    // Hold the first exception; drain the rest of the clock so no task is left running.
+    if (error) continue;
+    if (done.error) {
+      error = done.error;
+      continue;
+    }
+    Batch& batch = *done.batch;
+    // [3] The next copy stream waits for the output.
+    const auto& stream = compute_streams_[j];
+    if (j != n - 1 && !both_cpu(stream, copy_streams_[j][i])) {
+      batch.set_tensors(wait(batch.tensors(), stream, copy_streams_[j][i]));
+    }
+    // [4] Schedule the recomputation, if checkpointed.
+    if (done.task.finalize) {
+      c10::OptionalDeviceGuard device_guard;
+      if (!devices_[j].is_cpu()) device_guard.reset_device(devices_[j]);
+      UseStream use_stream(stream);
+      done.task.finalize(batch);
+    }
+    batches_[i] = std::move(batch);
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace detail
+}  // namespace gpipe

@@ -1,0 +1,85 @@
+#include "gpipe/worker.h"
+
+#include "gpipe/stream.h"
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace gpipe {
+namespace detail {
+namespace {
+
+// An unbounded FIFO for one producer and one consumer.
+template <typename T>
+class Queue {
+ public:
+  void push(T value) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      items_.push_back(std::move(value));
+    }
+    ready_.notify_one();
+  }
+
+  T pop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ready_.wait(lock, [this] { return !items_.empty(); });
+    T value = std::move(items_.front());
+    items_.pop_front();
+    return value;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<T> items_;  // guarded by mutex_
+};
+
+}  // namespace
+
+struct Worker::Queues {
+  Queue<Task> in;  // a Task without compute stops the thread
+  Queue<Completion> out;
+};
+
+Worker::Worker(c10::Device device)
+    : device_(normalize_device(device)), queues_(std::make_unique<Queues>()) {
+  thread_ = std::make_unique<std::thread>([this] { run(); });
+}
+
+Worker::~Worker() {
+  queues_->in.push(Task{});
+  thread_->join();
+}
+
+void Worker::submit(Task task) {
+  TORCH_INTERNAL_ASSERT(task.compute && task.caller);
+  queues_->in.push(std::move(task));
+}
+
+Completion Worker::take() { return queues_->out.pop(); }
+
+void Worker::run() {
+  c10::OptionalDeviceGuard device_guard;
+  if (!device_.is_cpu()) device_guard.reset_device(device_);
+  while (true) {
+    Completion done{queues_->in.pop(), c10::nullopt, nullptr};
+    if (!done.task.compute) return;
+    try {
+      at::ThreadLocalStateGuard caller_state(*done.task.caller);
+      UseStream use_stream(done.task.stream);
+      done.batch = done.task.compute();
+    } catch (...) {
+      done.error = std::current_exception();
+    }
+    queues_->out.push(std::move(done));
+  }
+}
+
+}  // namespace detail
+}  // namespace gpipe
