@@ -203,13 +203,18 @@ Batch Checkpointing::checkpoint() {
 }
 
 void Checkpointing::recompute(Batch& output) {
-  // Hang Recompute on the first tensor that backward will reach; none means no backward.
+  // Hang Recompute on the first tensor that requires grad (none means no backward), and join it
+  // into every such tensor: backward may reach Checkpoint through any of them, and must find
+  // Recompute done first.
+  c10::optional<at::Tensor> recomputed;
   for (size_t k = 0; k < output.size(); ++k) {
     if (!output[k].requires_grad()) continue;
-    auto [tensor, phony] = fork(output[k]);
-    phony = Recompute::apply(phony, state_, at::TensorList(input_.tensors()));
-    output[k] = join(tensor, phony);
-    return;
+    if (!recomputed) {
+      auto [tensor, phony] = fork(output[k]);
+      recomputed = Recompute::apply(phony, state_, at::TensorList(input_.tensors()));
+      output[k] = tensor;
+    }
+    output[k] = join(output[k], *recomputed);
   }
 }
 

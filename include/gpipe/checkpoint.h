@@ -51,7 +51,7 @@ class Checkpointing {
   Batch checkpoint();
 
   /// Schedules the recomputation before the backward of `output` (what checkpoint() returned),
-  /// replacing one of its tensors with a joined one. [4]
+  /// replacing each of its tensors that requires grad with a joined one. [4]
   void recompute(Batch& output);
 
  private:
