@@ -118,7 +118,12 @@ GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
     partitions_.push_back(partition);
     devices_.push_back(device);
 
-    // One worker per distinct device: partitions on one device take turns on its thread.
+    // One worker per distinct accelerator: partitions on one device take turns on its thread.
+    // CPU partitions are computed by the thread that calls forward (see worker.h).
+    if (device.is_cpu()) {
+      partition_workers_.push_back(nullptr);
+      continue;
+    }
     auto same_device = [&](const auto& worker) { return worker->device() == device; };
     auto worker = std::find_if(workers_.begin(), workers_.end(), same_device);
     if (worker == workers_.end()) {

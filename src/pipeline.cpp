@@ -9,6 +9,7 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <deque>
 
 namespace gpipe {
 
@@ -76,6 +77,7 @@ void Pipeline::fence(const std::vector<Step>& clock) {
 
 void Pipeline::compute(const std::vector<Step>& clock) {
   const size_t n = partitions_.size();
+  std::vector<Task> here;  // tasks of partitions without a worker
 
   for (const auto& [i, j] : clock) {
     Batch& batch = batches_[i];
@@ -98,13 +100,31 @@ void Pipeline::compute(const std::vector<Step>& clock) {
     } else {
       task.compute = [&partition, batch, what] { return batch.call(partition, what); };
     }
-    // [2] Compute on the partition's worker, in parallel with the other partitions.
-    workers_[j]->submit(std::move(task));
+    // [2] Compute on the partition's worker, in parallel with the other partitions; CPU tasks
+    // wait until every worker has its task.
+    if (workers_[j] != nullptr) {
+      workers_[j]->submit(std::move(task));
+    } else {
+      here.push_back(std::move(task));
+    }
+  }
+  // CPU tasks, in clock order. After a failure the rest would be thrown away: skip them.
+  std::deque<Completion> done_here;
+  for (auto& task : here) {
+    const bool failed = !done_here.empty() && done_here.back().error;
+    done_here.push_back(failed ? Completion{std::move(task), c10::nullopt, done_here.back().error}
+                               : execute(std::move(task)));
   }
 
   std::exception_ptr error;
   for (const auto& [i, j] : clock) {
-    Completion done = workers_[j]->take();
+    Completion done;
+    if (workers_[j] != nullptr) {
+      done = workers_[j]->take();
+    } else {
+      done = std::move(done_here.front());
+      done_here.pop_front();
+    }
     // Hold the first exception; drain the rest of the clock so no task is left running.
     if (error) continue;
     if (done.error) {

@@ -64,20 +64,25 @@ void Worker::submit(Task task) {
 
 Completion Worker::take() { return queues_->out.pop(); }
 
+Completion execute(Task task) {
+  Completion done{std::move(task), c10::nullopt, nullptr};
+  try {
+    at::ThreadLocalStateGuard caller_state(*done.task.caller);
+    UseStream use_stream(done.task.stream);
+    done.batch = done.task.compute();
+  } catch (...) {
+    done.error = std::current_exception();
+  }
+  return done;
+}
+
 void Worker::run() {
   c10::OptionalDeviceGuard device_guard;
   if (!device_.is_cpu()) device_guard.reset_device(device_);
   while (true) {
-    Completion done{queues_->in.pop(), c10::nullopt, nullptr};
-    if (!done.task.compute) return;
-    try {
-      at::ThreadLocalStateGuard caller_state(*done.task.caller);
-      UseStream use_stream(done.task.stream);
-      done.batch = done.task.compute();
-    } catch (...) {
-      done.error = std::current_exception();
-    }
-    queues_->out.push(std::move(done));
+    Task task = queues_->in.pop();
+    if (!task.compute) return;
+    queues_->out.push(execute(std::move(task)));
   }
 }
 

@@ -2,9 +2,10 @@
 // micro-batches, transparently to autograd.
 //
 // forward() splits the batch into `chunks` micro-batches, runs them through the partitions in
-// GPipe's clock-cycle schedule (pipeline.h) with one worker thread per device, and concatenates
-// the outputs. backward() is autograd's own: the same loss.backward() as for the plain
-// Sequential, giving the same gradients, with checkpointed micro-batches recomputed on the way.
+// GPipe's clock-cycle schedule (pipeline.h), with one worker thread per accelerator (the calling
+// thread computes CPU partitions), and concatenates the outputs. backward() is autograd's own: the
+// same loss.backward() as for the plain Sequential, giving the same gradients, with checkpointed
+// micro-batches recomputed on the way.
 //
 // Thread safety: one forward at a time per GPipe (concurrent calls are serialized); backward
 // follows autograd's rules.

@@ -3,7 +3,8 @@
 // At clock k, micro-batch i runs on partition j for every i + j == k. Each clock has two phases:
 // the fence, on the driving thread, adds the backward-order dependency between neighbouring
 // micro-batches and copies each micro-batch to its next device; the compute phase hands each
-// (i, j) to partition j's worker and, as results come back in order, finalizes them. With
+// (i, j) to partition j's worker (CPU partitions: computes it on the driving thread) and, as
+// results come back in order, finalizes them. With
 // checkpointing, the autograd graph of one (i, j) looks like this:
 //
 //       ┌─────┸──────┐
@@ -67,10 +68,12 @@ std::vector<std::vector<Step>> clock_cycles(size_t m, size_t n);
 namespace detail {
 
 /// One run of the pipeline over `batches`, which it replaces in place with the outputs.
+/// Tasks of partitions without a worker (CPU ones) run on the calling thread.
 class Pipeline {
  public:
   /// `copy_streams[j][i]` is the stream that micro-batch i arrives on at partition j;
-  /// `workers[j]` computes partition j. Micro-batches i < checkpoint_stop are checkpointed.
+  /// `workers[j]` computes partition j, or the calling thread where it is null. Micro-batches
+  /// i < checkpoint_stop are checkpointed.
   Pipeline(std::vector<Batch>& batches, std::vector<torch::nn::Sequential>& partitions,
            std::vector<c10::Device> devices, std::vector<std::vector<c10::Stream>> copy_streams,
            std::vector<Worker*> workers, size_t checkpoint_stop);

@@ -1,5 +1,11 @@
 // Workers: one thread per device that computes pipeline tasks in the order they are submitted.
 //
+// Only accelerators get a worker: their kernels run asynchronously, so a thread per device keeps
+// every device fed. CPU kernels run synchronously on whichever thread calls them, so the
+// pipeline's driving thread computes CPU tasks itself with execute(): a CPU worker would only add
+// two thread hand-offs per task and no parallelism (torchgpipe's shared CPU worker ran them one
+// after another too).
+//
 // Thread safety: submit() and take() are called by one driving thread (the pipeline's); the
 // worker thread only runs Task::compute. A task runs under the thread-local state of the thread
 // that submitted it (grad mode, inference mode, autocast, ...), captured in Task::caller.
@@ -36,6 +42,10 @@ struct Completion {
   c10::optional<Batch> batch;
   std::exception_ptr error;
 };
+
+/// Runs `task` on the calling thread as a worker would: under task.caller's thread-local state
+/// with task.stream current, catching any exception into the completion.
+Completion execute(Task task);
 
 /// One thread bound to one device.
 class Worker {
