@@ -1,5 +1,6 @@
 #include "gpipe/pipe.h"
 
+#include "gpipe/batchnorm.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/stream.h"
 
@@ -84,6 +85,9 @@ GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
                     "checkpoint is not one of 'always', 'except_last', or 'never' (got ",
                     static_cast<int>(mode), ")");
   verify_module(module);
+  if (options_.deferred_batch_norm()) {
+    module = convert_deferred_batch_norm(module, options_.chunks());
+  }
 
   const auto& balance = options_.balance();
   const int64_t total = std::accumulate(balance.begin(), balance.end(), int64_t{0});
@@ -162,6 +166,8 @@ Batch GPipeImpl::run(const Batch& input) {
 
   std::vector<Batch> batches = scatter(input, options_.chunks());
   const size_t m = batches.size();
+  // DeferredBatchNorms commit their running statistics after this many micro-batches.
+  if (is_training()) detail::begin_minibatch(*this, static_cast<int64_t>(m));
 
   size_t checkpoint_stop = 0;
   if (is_training() && torch::autograd::GradMode::is_enabled()) {

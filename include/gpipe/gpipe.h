@@ -1,7 +1,10 @@
 // gpipe: GPipe pipeline parallelism for LibTorch. Include this for the whole public API.
 #pragma once
 
+#include "gpipe/balance/balance.h"
+#include "gpipe/batchnorm.h"
 #include "gpipe/checkpoint.h"
+#include "gpipe/memory.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/pipe.h"
 #include "gpipe/pipeline.h"

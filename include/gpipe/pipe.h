@@ -67,6 +67,11 @@ struct GPipeOptions {
   /// Only in training mode with grad enabled. Default: CheckpointMode::kExceptLast.
   TORCH_ARG(CheckpointMode, checkpoint) = CheckpointMode::kExceptLast;
 
+  /// Whether to replace every BatchNorm{1,2,3}d layer of the Sequential by a DeferredBatchNorm
+  /// (batchnorm.h) sharing its parameters and running statistics, so that those are updated
+  /// once per mini-batch from all its micro-batches, as without a pipeline.
+  /// Default: false.
+  TORCH_ARG(bool, deferred_batch_norm) = false;
 };
 
 /// The GPipe module. See the file comment.

@@ -1,0 +1,43 @@
+// Memory accounting: exact current and peak bytes of CPU tensor memory, through a tracking
+// allocator installed in front of c10's CPU allocator.
+//
+// install_tracking_cpu_allocator() wraps the CPU allocator that c10 uses at that moment
+// (c10::GetCPUAllocator()) and installs the wrapper with c10::SetCPUAllocator. From then on every
+// CPU tensor allocation is counted by its requested size in bytes until it is freed; memory that
+// was allocated before the installation is never counted, not even when it is freed. Memory that
+// libraries allocate on their own (BLAS or oneDNN scratch space, the C++ heap) is not counted.
+//
+// CUDA: the statistics of c10's CUDA caching allocator are declared in
+// c10/cuda/CUDACachingAllocator.h, which needs the CUDA toolkit's headers; gpipe builds without
+// them, so there are no CUDA counters here.
+//
+// Thread safety: every function may be called from any thread. The counters are atomics, so
+// allocations on many threads at once are counted exactly; a reading taken while other threads
+// allocate is a consistent value at some instant.
+#pragma once
+
+#include <cstdint>
+
+namespace gpipe {
+namespace memory {
+
+/// Installs the tracking CPU allocator. Idempotent: later calls do nothing.
+/// Throws c10::Error if c10 keeps another CPU allocator in its place (one registered with a
+/// higher priority) or if the current one cannot free a raw pointer (no raw_deleter()).
+void install_tracking_cpu_allocator();
+
+/// True once install_tracking_cpu_allocator() has succeeded.
+bool tracking_cpu_allocator_installed();
+
+/// Bytes of CPU tensor memory allocated through the tracking allocator and not yet freed.
+/// 0 before installation.
+int64_t cpu_current_bytes();
+
+/// The highest cpu_current_bytes() since installation or the last reset_cpu_peak().
+int64_t cpu_peak_bytes();
+
+/// Sets the peak to the current bytes, to measure the peak of what follows.
+void reset_cpu_peak();
+
+}  // namespace memory
+}  // namespace gpipe

@@ -1,0 +1,204 @@
+#include "gpipe/balance/profile.h"
+
+#include "gpipe/memory.h"
+#include "gpipe/stream.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <utility>
+
+namespace gpipe {
+namespace balance {
+namespace {
+
+// One layer, ready to be profiled on `device` in training mode: a clone, or the layer itself
+// when it cannot be cloned, restored (values, gradients, modes) when the sandbox goes.
+class LayerSandbox {
+ public:
+  LayerSandbox(size_t index, const std::string& name, const torch::nn::AnyModule& layer,
+               c10::Device device) {
+    torch::nn::AnyModule copy;
+    try {
+      copy = layer.clone(device);
+    } catch (const c10::Error& error) {
+      if (std::string(error.what()).find("clone() has not been implemented") == std::string::npos) {
+        throw;
+      }
+      copy = layer;
+      in_place_ = layer.ptr();
+    }
+    if (in_place_) {
+      for (const auto& tensor : in_place_->parameters()) save(index, tensor, device);
+      for (const auto& tensor : in_place_->buffers()) save(index, tensor, device);
+      for (const auto& module : in_place_->modules()) {
+        modes_.emplace_back(module, module->is_training());
+      }
+    }
+    copy.ptr()->train(true);
+    sequential_->push_back(name, std::move(copy));
+  }
+
+  ~LayerSandbox() {
+    if (!in_place_) return;
+    torch::NoGradGuard no_grad;
+    for (auto& [tensor, value] : saved_) {
+      tensor.copy_(value);
+      if (tensor.grad().defined()) tensor.mutable_grad() = at::Tensor();
+    }
+    for (auto& [module, training] : modes_) module->train(training);  // parents before children
+  }
+
+  LayerSandbox(const LayerSandbox&) = delete;
+  LayerSandbox& operator=(const LayerSandbox&) = delete;
+
+  torch::nn::Sequential& sequential() { return sequential_; }
+
+ private:
+  void save(size_t index, const at::Tensor& tensor, c10::Device device) {
+    TORCH_CHECK_VALUE(!tensor.defined() || tensor.device() == device, "layer ", index,
+                      " cannot be cloned for profiling (it is no torch::nn::Cloneable) and is on ",
+                      tensor.device(), ", not on the profiling device ", device);
+    if (tensor.defined()) saved_.emplace_back(tensor, tensor.detach().clone());
+  }
+
+  torch::nn::Sequential sequential_;
+  std::shared_ptr<torch::nn::Module> in_place_;           // set when profiled in place
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved_;  // (tensor, its value before)
+  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> modes_;
+};
+
+// Cuts the batch from the graph that made it, keeping which tensors require grad.
+void detach(Batch& batch) {
+  for (const auto k : c10::irange(batch.size())) {
+    const bool requires_grad = batch[k].requires_grad();
+    batch[k] = batch[k].detach().requires_grad_(requires_grad);
+  }
+}
+
+Batch to_device(const Batch& sample, c10::Device device) {
+  Batch batch = sample;
+  for (const auto k : c10::irange(batch.size())) {
+    const bool requires_grad = batch[k].requires_grad();
+    batch[k] = batch[k].detach().to(device).requires_grad_(requires_grad);
+  }
+  return batch;
+}
+
+void check_no_gradients(torch::nn::Sequential& module) {
+  for (const auto& parameter : module->named_parameters()) {
+    TORCH_CHECK_VALUE(!parameter.value().grad().defined(), "some parameter already has gradient ('",
+                      parameter.key(),
+                      "'): profiling would accumulate into it; zero_grad(/*set_to_none=*/true) it");
+  }
+}
+
+void synchronize(c10::Device device) {
+  if (device.is_cpu()) return;
+  detail::current_stream(device).synchronize();
+}
+
+int64_t median(std::vector<int64_t> values) {
+  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), middle, values.end());
+  return *middle;
+}
+
+}  // namespace
+
+std::vector<int64_t> profile_times(torch::nn::Sequential module, const Batch& sample,
+                                   const BalanceByTimeOptions& options) {
+  TORCH_CHECK_VALUE(options.timeout() >= 0,
+                    "timeout must be non-negative (timeout: ", options.timeout(), ")");
+  TORCH_CHECK_VALUE(options.repetitions() >= 1,
+                    "repetitions must be positive (repetitions: ", options.repetitions(), ")");
+  TORCH_CHECK_VALUE(sample.size() > 0, "the sample has no tensor");
+  check_no_gradients(module);
+  const c10::Device device =
+      detail::normalize_device(options.device().value_or(sample[0].device()));
+  const Batch input = to_device(sample, device);
+  const auto names = module->named_children().keys();
+  torch::AutoGradMode grad_mode(true);
+
+  using Clock = std::chrono::steady_clock;
+  const auto begun = Clock::now();
+  const auto timeout = std::chrono::duration<double>(options.timeout());
+  std::vector<std::vector<int64_t>> times(module->size());
+  for (int64_t pass = 0; pass < options.repetitions() || Clock::now() - begun < timeout; ++pass) {
+    Batch batch = input;  // every pass starts from the sample
+    auto layer = module->begin();
+    for (const auto k : c10::irange(module->size())) {
+      LayerSandbox sandbox(k, names[k], *layer++, device);
+      detach(batch);
+      synchronize(device);
+      const auto tick = Clock::now();
+
+      batch = batch.call(sandbox.sequential(), "layer " + std::to_string(k));
+      std::vector<at::Tensor> outputs;
+      std::vector<at::Tensor> gradients;
+      for (const auto& output : batch) {
+        if (!output.requires_grad()) continue;
+        outputs.push_back(output);
+        gradients.push_back(output.detach());
+      }
+      if (!outputs.empty()) torch::autograd::backward(outputs, gradients);
+
+      synchronize(device);
+      const auto tock = Clock::now();
+      times[k].push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(tock - tick).count());
+    }
+  }
+
+  std::vector<int64_t> costs;
+  costs.reserve(times.size());
+  for (auto& samples : times) costs.push_back(median(std::move(samples)));
+  return costs;
+}
+
+std::vector<int64_t> profile_sizes(torch::nn::Sequential module, const Batch& sample,
+                                   const BalanceBySizeOptions& options) {
+  TORCH_CHECK_VALUE(options.chunks() >= 1,
+                    "number of chunks must be positive integer (chunks: ", options.chunks(), ")");
+  TORCH_CHECK_VALUE(options.param_scale() >= 0,
+                    "param_scale must be non-negative (param_scale: ", options.param_scale(), ")");
+  check(sample);
+  memory::install_tracking_cpu_allocator();
+  const c10::Device cpu(c10::kCPU);
+  Batch batch = to_device(scatter(sample, options.chunks())[0], cpu);
+  const auto names = module->named_children().keys();
+  torch::AutoGradMode grad_mode(true);
+
+  std::vector<int64_t> sizes;
+  auto layer = module->begin();
+  for (const auto k : c10::irange(module->size())) {
+    LayerSandbox sandbox(k, names[k], *layer++, cpu);
+    detach(batch);
+
+    const int64_t before = memory::cpu_current_bytes();
+    batch = batch.call(sandbox.sequential(), "layer " + std::to_string(k));
+    const int64_t latent = std::max<int64_t>(memory::cpu_current_bytes() - before, 0);
+
+    std::unordered_set<const void*> storages;
+    int64_t parameter_bytes = 0;
+    for (const auto& parameter : sandbox.sequential()->parameters()) {
+      const auto& storage = parameter.storage();
+      if (storages.insert(storage.unsafeGetStorageImpl()).second) {
+        parameter_bytes += static_cast<int64_t>(storage.nbytes());
+      }
+    }
+    sizes.push_back(latent + static_cast<int64_t>(static_cast<double>(parameter_bytes) *
+                                                  options.param_scale()));
+  }
+  return sizes;
+}
+
+}  // namespace balance
+}  // namespace gpipe

@@ -1,0 +1,100 @@
+#include "gpipe/memory.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+namespace gpipe {
+namespace memory {
+namespace {
+
+// Each allocation carries its requested size in a header in front of the data, so that the
+// deleter needs only the data pointer (and raw_allocate/raw_deallocate keep working). The header
+// is as large as c10's strictest CPU alignment, so the data stays as aligned as the base.
+constexpr size_t kHeader = 64;
+
+std::atomic<int64_t> g_current{0};
+std::atomic<int64_t> g_peak{0};
+std::atomic<bool> g_installed{false};
+c10::Allocator* g_inner = nullptr;            // set once, before the wrapper is installed
+c10::DeleterFnPtr g_inner_deleter = nullptr;  // g_inner->raw_deleter()
+
+void add(int64_t bytes) {
+  const int64_t now = g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  int64_t peak = g_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+void tracked_delete(void* data) {
+  if (data == nullptr) return;
+  char* base = static_cast<char*>(data) - kHeader;
+  int64_t bytes = 0;
+  std::memcpy(&bytes, base, sizeof(bytes));
+  g_current.fetch_sub(bytes, std::memory_order_relaxed);
+  g_inner_deleter(base);
+}
+
+class TrackingCPUAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) const override {
+    const c10::Device cpu(c10::kCPU);
+    if (nbytes == 0) return {nullptr, nullptr, &tracked_delete, cpu};
+    c10::DataPtr inner = g_inner->allocate(nbytes + kHeader);
+    TORCH_INTERNAL_ASSERT(inner.get() == inner.get_context(),
+                          "the wrapped CPU allocator returned a context that is not its data");
+    char* base = static_cast<char*>(inner.release_context());
+    const auto bytes = static_cast<int64_t>(nbytes);
+    std::memcpy(base, &bytes, sizeof(bytes));
+    add(bytes);
+    return {base + kHeader, base + kHeader, &tracked_delete, cpu};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &tracked_delete; }
+
+  // Pure virtual in LibTorch 2.x (no `override`: LibTorch 1.13 does not declare it).
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);
+  }
+};
+
+TrackingCPUAllocator g_tracking;
+std::mutex g_install_mutex;
+
+}  // namespace
+
+void install_tracking_cpu_allocator() {
+  if (g_installed.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(g_install_mutex);
+  if (g_installed.load(std::memory_order_relaxed)) return;
+
+  c10::Allocator* inner = c10::GetCPUAllocator();
+  TORCH_CHECK(inner->raw_deleter() != nullptr,
+              "cannot track the CPU allocator in use: it has no raw_deleter()");
+  g_inner = inner;
+  g_inner_deleter = inner->raw_deleter();
+  // Priority: above the default allocator's, so that ours wins over it.
+  c10::SetCPUAllocator(&g_tracking, /*priority=*/1);
+  TORCH_CHECK(c10::GetCPUAllocator() == &g_tracking,
+              "c10 kept another CPU allocator registered with a higher priority; memory cannot "
+              "be tracked");
+  g_installed.store(true, std::memory_order_release);
+}
+
+bool tracking_cpu_allocator_installed() { return g_installed.load(std::memory_order_acquire); }
+
+int64_t cpu_current_bytes() { return g_current.load(std::memory_order_relaxed); }
+
+int64_t cpu_peak_bytes() { return g_peak.load(std::memory_order_relaxed); }
+
+void reset_cpu_peak() {
+  g_peak.store(g_current.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  add(0);  // an allocation that raced with the store raises the peak again
+}
+
+}  // namespace memory
+}  // namespace gpipe

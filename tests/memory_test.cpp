@@ -1,0 +1,93 @@
+#include "test_util.h"
+
+#include "gpipe/memory.h"
+
+#include <c10/core/CPUAllocator.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+namespace gpipe {
+namespace {
+
+using memory::cpu_current_bytes;
+using memory::cpu_peak_bytes;
+
+TEST(MemoryTest, InstallIsIdempotent) {
+  memory::install_tracking_cpu_allocator();
+  c10::Allocator* installed = c10::GetCPUAllocator();
+  memory::install_tracking_cpu_allocator();
+  EXPECT_TRUE(memory::tracking_cpu_allocator_installed());
+  EXPECT_EQ(c10::GetCPUAllocator(), installed);
+  EXPECT_NE(installed, c10::GetDefaultCPUAllocator());
+}
+
+TEST(MemoryTest, CountsExactBytes) {
+  memory::install_tracking_cpu_allocator();
+  const int64_t before = cpu_current_bytes();
+  {
+    torch::Tensor a = torch::empty({1000}, torch::kFloat);
+    EXPECT_EQ(cpu_current_bytes() - before, 4000);
+    torch::Tensor b = torch::empty({3, 5}, torch::kDouble);
+    EXPECT_EQ(cpu_current_bytes() - before, 4000 + 120);
+    torch::Tensor view = a.narrow(0, 0, 10);  // no new memory
+    EXPECT_EQ(cpu_current_bytes() - before, 4120);
+  }
+  EXPECT_EQ(cpu_current_bytes(), before);
+}
+
+TEST(MemoryTest, PeakAndReset) {
+  memory::install_tracking_cpu_allocator();
+  memory::reset_cpu_peak();
+  const int64_t before = cpu_current_bytes();
+  EXPECT_EQ(cpu_peak_bytes(), before);
+  { torch::Tensor big = torch::empty({1 << 20}, torch::kByte); }
+  torch::Tensor small = torch::empty({100}, torch::kByte);
+  EXPECT_EQ(cpu_peak_bytes() - before, 1 << 20);
+  memory::reset_cpu_peak();
+  EXPECT_EQ(cpu_peak_bytes() - before, 100);
+}
+
+TEST(MemoryTest, ZeroBytesAndRawAllocations) {
+  memory::install_tracking_cpu_allocator();
+  const int64_t before = cpu_current_bytes();
+  torch::Tensor empty = torch::empty({0});
+  EXPECT_EQ(cpu_current_bytes(), before);
+
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  ASSERT_NE(allocator->raw_deleter(), nullptr);
+  void* raw = allocator->raw_allocate(777);
+  ASSERT_NE(raw, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(raw) % 64, 0u);
+  EXPECT_EQ(cpu_current_bytes() - before, 777);
+  allocator->raw_deallocate(raw);
+  EXPECT_EQ(cpu_current_bytes(), before);
+}
+
+TEST(MemoryTest, ThreadsCountExactly) {
+  memory::install_tracking_cpu_allocator();
+  const int64_t before = cpu_current_bytes();
+  memory::reset_cpu_peak();
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 500;
+  std::atomic<int> holding{0};
+  std::atomic<bool> all_held{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int r = 0; r < kRounds; ++r) torch::Tensor x = torch::empty({256}, torch::kFloat);
+      torch::Tensor held = torch::empty({1024}, torch::kByte);
+      if (++holding == kThreads) all_held = true;
+      while (!all_held) std::this_thread::yield();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(cpu_current_bytes(), before);
+  // Every thread held 1024 bytes at once at some point.
+  EXPECT_GE(cpu_peak_bytes() - before, kThreads * 1024);
+  EXPECT_LE(cpu_peak_bytes() - before, kThreads * (1024 + 1024));
+}
+
+}  // namespace
+}  // namespace gpipe
