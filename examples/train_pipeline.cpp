@@ -50,10 +50,15 @@ int64_t parse_positive(const std::string& flag, const char* value) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t steps = 300, partitions = 4, chunks = 8;
+  int64_t steps = 600, partitions = 4, chunks = 8;
   gpipe::CheckpointMode checkpoint = gpipe::CheckpointMode::kExceptLast;
   for (int k = 1; k < argc; ++k) {
     const std::string flag = argv[k];
+    if (flag == "--help" || flag == "-h") {
+      std::cout << "usage: train_pipeline [--steps N] [--partitions P] [--chunks M] "
+                   "[--checkpoint always|except_last|never]\n";
+      return 0;
+    }
     if (k + 1 >= argc) {
       std::cerr << "train_pipeline: " << flag << " needs a value\n";
       return 2;
@@ -87,7 +92,8 @@ int main(int argc, char** argv) {
   gpipe::GPipe model(sequential,
                      gpipe::GPipeOptions(balance).chunks(chunks).checkpoint(checkpoint));
   torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(3e-3));
-  std::cout << model << " over " << partitions << " partitions, " << steps << " steps\n";
+  model->pretty_print(std::cout);
+  std::cout << " over " << partitions << " partitions, " << steps << " steps\n";
 
   const int64_t batch = 256;
   const auto start = std::chrono::steady_clock::now();
@@ -98,7 +104,7 @@ int main(int argc, char** argv) {
                                                      train_y.index({index}));
     loss.backward();
     optimizer.step();
-    if (step % 50 == 0 || step == 1 || step == steps) {
+    if (step % 100 == 0 || step == 1 || step == steps) {
       torch::NoGradGuard no_grad;
       model->eval();
       const double accuracy =
