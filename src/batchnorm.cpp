@@ -106,31 +106,15 @@ DeferredBatchNormImpl::DeferredBatchNormImpl(DeferredBatchNormOptions options)
   reset();
 }
 
-DeferredBatchNormImpl::DeferredBatchNormImpl(const torch::nn::BatchNorm1dImpl& batch_norm,
-                                             int64_t chunks)
-    : options(options_of(batch_norm.options, chunks)) {
+DeferredBatchNormImpl::DeferredBatchNormImpl(const torch::nn::BatchNormOptions& batch_norm,
+                                             int64_t chunks, at::Tensor weight, at::Tensor bias,
+                                             at::Tensor running_mean, at::Tensor running_var,
+                                             at::Tensor num_batches_tracked)
+    : options(options_of(batch_norm, chunks)) {
   check_options(options);
   expected_ = chunks;
-  register_state(batch_norm.weight, batch_norm.bias, batch_norm.running_mean,
-                 batch_norm.running_var, batch_norm.num_batches_tracked);
-}
-
-DeferredBatchNormImpl::DeferredBatchNormImpl(const torch::nn::BatchNorm2dImpl& batch_norm,
-                                             int64_t chunks)
-    : options(options_of(batch_norm.options, chunks)) {
-  check_options(options);
-  expected_ = chunks;
-  register_state(batch_norm.weight, batch_norm.bias, batch_norm.running_mean,
-                 batch_norm.running_var, batch_norm.num_batches_tracked);
-}
-
-DeferredBatchNormImpl::DeferredBatchNormImpl(const torch::nn::BatchNorm3dImpl& batch_norm,
-                                             int64_t chunks)
-    : options(options_of(batch_norm.options, chunks)) {
-  check_options(options);
-  expected_ = chunks;
-  register_state(batch_norm.weight, batch_norm.bias, batch_norm.running_mean,
-                 batch_norm.running_var, batch_norm.num_batches_tracked);
+  register_state(std::move(weight), std::move(bias), std::move(running_mean),
+                 std::move(running_var), std::move(num_batches_tracked));
 }
 
 void DeferredBatchNormImpl::reset() {

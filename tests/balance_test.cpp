@@ -128,16 +128,18 @@ TEST(BalanceTest, ByTime) {
             (std::vector<int64_t>{2, 4}));
 }
 
+// Counts its forward calls.
+struct Count : torch::nn::Module {
+  explicit Count(int* calls) : calls(calls) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    ++*calls;
+    return x;
+  }
+  int* calls;
+};
+
 TEST(BalanceTest, ByTimeRepetitionsAndTimeout) {
   int calls = 0;
-  struct Count : torch::nn::Module {
-    explicit Count(int* calls) : calls(calls) {}
-    torch::Tensor forward(const torch::Tensor& x) {
-      ++*calls;
-      return x;
-    }
-    int* calls;
-  };
   torch::nn::Sequential model(std::make_shared<Count>(&calls));
   balance::profile_times(model, torch::rand({1}), BalanceByTimeOptions().timeout(0).repetitions(3));
   EXPECT_EQ(calls, 3);
@@ -285,14 +287,6 @@ TEST(BalanceTest, AlreadyHasGrad) {
 
 TEST(BalanceTest, PartitionErrorsBeforeProfiling) {
   int calls = 0;
-  struct Count : torch::nn::Module {
-    explicit Count(int* calls) : calls(calls) {}
-    torch::Tensor forward(const torch::Tensor& x) {
-      ++*calls;
-      return x;
-    }
-    int* calls;
-  };
   torch::nn::Sequential model(std::make_shared<Count>(&calls));
   GPIPE_EXPECT_THROW_WITH(balance_by_time(0, model, torch::rand({1})), c10::ValueError,
                           "partitions must be a positive integer (0 < 1)");

@@ -64,9 +64,12 @@ class DeferredBatchNormImpl : public torch::nn::Cloneable<DeferredBatchNormImpl>
   /// Takes the options of `batch_norm` and shares its parameters and running statistics, so that
   /// the BatchNorm sees what this module commits. Throws c10::ValueError if `batch_norm` does not
   /// track running statistics, or for a chunks that is not positive.
-  DeferredBatchNormImpl(const torch::nn::BatchNorm1dImpl& batch_norm, int64_t chunks);
-  DeferredBatchNormImpl(const torch::nn::BatchNorm2dImpl& batch_norm, int64_t chunks);
-  DeferredBatchNormImpl(const torch::nn::BatchNorm3dImpl& batch_norm, int64_t chunks);
+  /// Works for torch::nn::BatchNorm{1,2,3}dImpl.
+  template <size_t D, typename Derived>
+  DeferredBatchNormImpl(const torch::nn::BatchNormImplBase<D, Derived>& batch_norm, int64_t chunks)
+      : DeferredBatchNormImpl(batch_norm.options, chunks, batch_norm.weight, batch_norm.bias,
+                              batch_norm.running_mean, batch_norm.running_var,
+                              batch_norm.num_batches_tracked) {}
 
   /// Registers fresh parameters (ones and zeros) and running statistics (zeros and ones).
   void reset() override;
@@ -93,6 +96,9 @@ class DeferredBatchNormImpl : public torch::nn::Cloneable<DeferredBatchNormImpl>
   at::Tensor num_batches_tracked;  ///< committed mini-batches (int64 scalar)
 
  private:
+  DeferredBatchNormImpl(const torch::nn::BatchNormOptions& options, int64_t chunks,
+                        at::Tensor weight, at::Tensor bias, at::Tensor running_mean,
+                        at::Tensor running_var, at::Tensor num_batches_tracked);
   void register_state(at::Tensor weight, at::Tensor bias, at::Tensor running_mean,
                       at::Tensor running_var, at::Tensor num_batches_tracked);
   void track(const at::Tensor& input);
