@@ -1,0 +1,71 @@
+// Schedules as data: a pipeline schedule is, for each worker, the ordered list of the actions it
+// runs (forward micro-batch i of stage s, backward, and the sends and receives between stages).
+//
+// Stages and workers: a model is cut into `num_stages` stages; `num_workers` workers (threads or
+// processes) run them, worker w running every stage s with s % num_workers == w. With one stage
+// per worker (GPipe, 1F1B) stage s runs on worker s; interleaved 1F1B gives each worker
+// num_stages / num_workers "virtual" stages (Megatron-LM's looped placement).
+//
+// Messages: stage s sends the activation of micro-batch i to stage s + 1 (kSendActivation on s,
+// kRecvActivation on s + 1) and stage s + 1 sends the gradient of that input back
+// (kSendGradient on s + 1, kRecvGradient on s). Each directed edge between two stages carries its
+// messages first in, first out, so a receiver takes them in the order they were sent.
+//
+// Thread safety: plain values; a const Schedule may be read from any thread.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace gpipe {
+namespace schedule {
+
+/// What an action does.
+enum class ActionKind {
+  kForward,         ///< forward of one micro-batch on one stage (the last one adds the loss)
+  kBackward,        ///< backward of one micro-batch on one stage
+  kSendActivation,  ///< send the output of a forward to the next stage
+  kRecvActivation,  ///< receive the input of a forward from the previous stage
+  kSendGradient,    ///< send the gradient of a stage's input to the previous stage
+  kRecvGradient,    ///< receive the gradient of a stage's output from the next stage
+};
+
+std::ostream& operator<<(std::ostream& out, ActionKind kind);
+
+/// True for kForward and kBackward, the actions that compute.
+bool is_compute(ActionKind kind);
+
+/// One step of a worker: `kind` for micro-batch `microbatch` on stage `stage`.
+struct Action {
+  ActionKind kind;
+  int64_t microbatch;
+  int64_t stage;
+};
+
+bool operator==(const Action& a, const Action& b);
+bool operator!=(const Action& a, const Action& b);
+
+/// E.g. "Forward(microbatch=2, stage=1)".
+std::string to_string(const Action& action);
+std::ostream& operator<<(std::ostream& out, const Action& action);
+
+/// A whole schedule: what each worker runs, in order, for one training step.
+///
+/// Example (GPipe, 2 stages, 1 micro-batch):
+///   worker 0: Forward(0, 0) SendActivation(0, 0) RecvGradient(0, 0) Backward(0, 0)
+///   worker 1: RecvActivation(0, 1) Forward(0, 1) Backward(0, 1) SendGradient(0, 1)
+struct Schedule {
+  int64_t num_workers = 0;
+  int64_t num_stages = 0;
+  int64_t num_microbatches = 0;
+  /// actions[w] is the ordered list of worker w.
+  std::vector<std::vector<Action>> actions;
+
+  /// The worker that runs `stage`: stage % num_workers.
+  int64_t worker_of(int64_t stage) const { return stage % num_workers; }
+};
+
+}  // namespace schedule
+}  // namespace gpipe

@@ -1,0 +1,64 @@
+// Schedule generators: GPipe (fill-drain), 1F1B and interleaved 1F1B as lists of actions.
+//
+// Every generator places the receive of a tensor right before the compute that uses it and the
+// send right after the compute that produces it, so a worker blocks only when its input has not
+// arrived yet. Backward runs micro-batches in increasing order on every stage.
+//
+//   GPipe: every stage runs all M forwards, then all M backwards. Stage 0 holds the activations of
+//     all M micro-batches at once.
+//   1F1B: stage s runs min(S - 1 - s, M) warm-up forwards, then alternates one forward and one
+//     backward, then drains the remaining backwards. Stage s holds at most S - s micro-batches.
+//   Interleaved 1F1B: each of W workers runs v stages (s, s + W, ...). Forwards go in rounds of W
+//     micro-batches (the last round may be smaller), chunk by chunk (Megatron-LM's order),
+//     backwards likewise with the chunks reversed. Worker w keeps at most
+//     (W - w - 1) * 2 + (v - 1) * W + 1 forwards ahead of its backwards (Megatron-LM's warm-up
+//     plus one): below that bound it runs its next forward if ready, otherwise its next backward
+//     if ready. The interleaving comes from a unit-time simulation of all workers, which lifts
+//     the bound only in a tick where nothing else could run. The bubble shrinks by about v. It
+//     sends ahead, so it needs edge queues of more than one message (the runtime gives M).
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include "gpipe/schedule/action.h"
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace gpipe {
+namespace schedule {
+
+/// The schedules the generators produce.
+enum class ScheduleKind {
+  kGPipe,                ///< fill-drain: all forwards, then all backwards
+  kOneFOneB,             ///< one forward, one backward (PipeDream-Flush)
+  kInterleavedOneFOneB,  ///< 1F1B with several virtual stages per worker
+};
+
+std::ostream& operator<<(std::ostream& out, ScheduleKind kind);
+
+/// Parses "gpipe", "1f1b" or "interleaved_1f1b". Throws c10::ValueError for anything else.
+ScheduleKind parse_schedule_kind(const std::string& name);
+
+/// GPipe over `num_stages` stages (one per worker) and `num_microbatches` micro-batches.
+/// Throws c10::ValueError unless both are positive.
+Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches);
+
+/// 1F1B over `num_stages` stages (one per worker). Throws c10::ValueError unless both are
+/// positive.
+Schedule one_f_one_b_schedule(int64_t num_stages, int64_t num_microbatches);
+
+/// Interleaved 1F1B: `num_workers` workers with `stages_per_worker` stages each. Throws
+/// c10::ValueError unless all three are positive.
+Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_per_worker,
+                                          int64_t num_microbatches);
+
+/// The schedule of `kind` for `num_stages` stages on `num_workers` workers. GPipe and 1F1B need
+/// num_stages == num_workers; interleaved 1F1B needs num_stages to be a multiple of num_workers.
+/// Throws c10::ValueError otherwise.
+Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stages,
+                       int64_t num_microbatches);
+
+}  // namespace schedule
+}  // namespace gpipe

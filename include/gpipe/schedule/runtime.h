@@ -1,0 +1,153 @@
+// PipelineSchedule: trains a model split into stages with an explicit pipeline schedule (GPipe,
+// 1F1B, interleaved 1F1B), one worker thread per group of stages, forward and backward running in
+// parallel across stages.
+//
+// step(input, target) splits the batch into micro-batches, validates the schedule (validate.h),
+// and starts one thread per worker, each running its list of actions; a ThreadTransport carries
+// activations and gradients between them. The last stage computes loss(output_i, target_i) for
+// micro-batch i and backward starts from it; step() returns the loss of the whole batch and leaves
+// in every parameter's grad the sum of the micro-batches' gradients, which equals that of one
+// backward of the full batch when:
+//   - LossReduction::kMean (the default): the loss function averages over the micro-batch (like
+//     torch::mse_loss's default); micro-batch i's loss is scaled by its share size_i / N of the
+//     batch, so the scaled losses add up to the full batch's mean, even for unequal micro-batches.
+//     step() returns that sum: the average of the micro-batch losses, weighted by size.
+//   - LossReduction::kSum: the loss function sums over the micro-batch; nothing is scaled and
+//     step() returns the sum.
+// As with loss.backward(), gradients accumulate: zero them between steps.
+//
+// Intra-op threads: each worker calls at::set_num_threads(intra_op_threads) on its own thread.
+// With LibTorch's OpenMP backend that sets the OpenMP thread count of that thread's parallel
+// regions only (an OpenMP ICV per thread), so stages do not steal each other's threads; it also
+// stores the count as LibTorch's default for threads that start later. BLAS libraries keep their
+// own, process-wide thread count (OpenBLAS: openblas_set_num_threads or OPENBLAS_NUM_THREADS),
+// which this class does not change: with one thread per stage, set OPENBLAS_NUM_THREADS=1.
+//
+// Failures: an exception in any stage aborts the transport, so every other worker stops at its
+// next send or receive; step() joins all workers, drops the pending micro-batches and rethrows
+// the first exception with its message.
+//
+// Thread safety: one step() at a time per PipelineSchedule (concurrent calls are serialized by a
+// mutex). The stage modules must not be used elsewhere during step().
+#pragma once
+
+#include "gpipe/microbatch.h"
+#include "gpipe/schedule/action.h"
+#include "gpipe/schedule/generators.h"
+#include "gpipe/schedule/stage.h"
+#include "gpipe/schedule/transport.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/arg.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <vector>
+
+namespace gpipe {
+namespace schedule {
+
+/// How the loss function reduces over a micro-batch; see the top of this file.
+enum class LossReduction {
+  kMean,  ///< an average: micro-batch losses are scaled by their share of the batch
+  kSum,   ///< a sum: micro-batch losses add up unscaled
+};
+
+std::ostream& operator<<(std::ostream& out, LossReduction reduction);
+
+/// Options for PipelineSchedule.
+///
+/// Example:
+///   gpipe::schedule::PipelineSchedule pipe(
+///       {stage0, stage1}, loss,
+///       gpipe::schedule::PipelineScheduleOptions(8).schedule(
+///           gpipe::schedule::ScheduleKind::kOneFOneB));
+struct PipelineScheduleOptions {
+  /* implicit */ PipelineScheduleOptions(int64_t chunks);
+
+  /// How many micro-batches to split each batch into (fewer when the batch is smaller).
+  /// Required; positive.
+  TORCH_ARG(int64_t, chunks);
+
+  /// The schedule. Default: ScheduleKind::kOneFOneB.
+  TORCH_ARG(ScheduleKind, schedule) = ScheduleKind::kOneFOneB;
+
+  /// Stages per worker; more than 1 only for kInterleavedOneFOneB, where worker w runs stages
+  /// w, w + W, ... (W = stages / stages_per_worker). Default: 1.
+  TORCH_ARG(int64_t, stages_per_worker) = 1;
+
+  /// at::set_num_threads() on each worker thread; 0 leaves the thread count alone. Default: 1.
+  TORCH_ARG(int64_t, intra_op_threads) = 1;
+
+  /// Activation checkpointing in every stage: forwards keep only their inputs, backwards
+  /// recompute. Default: false.
+  TORCH_ARG(bool, checkpoint) = false;
+
+  /// How the loss function reduces a micro-batch. Default: LossReduction::kMean.
+  TORCH_ARG(LossReduction, loss_reduction) = LossReduction::kMean;
+
+  /// The device of each stage. Default: every stage on CPU.
+  TORCH_ARG(std::vector<c10::Device>, devices) = {};
+
+  /// Messages each edge between stages holds before a send waits; 0 for the number of
+  /// micro-batches (sends never wait). Default: 0.
+  TORCH_ARG(int64_t, queue_capacity) = 0;
+};
+
+/// A model trained with an explicit pipeline schedule.
+class PipelineSchedule {
+ public:
+  /// One Sequential per stage, in order. Throws c10::ValueError for no stages, an empty stage,
+  /// a stage count that the schedule cannot run, or a non-positive option; c10::IndexError for
+  /// too few devices.
+  PipelineSchedule(std::vector<torch::nn::Sequential> stages, LossFunction loss,
+                   PipelineScheduleOptions options);
+
+  /// `module` split into stages of `balance` consecutive layers each (layers are shared, not
+  /// copied). Throws c10::ValueError if balance does not add up to the number of layers.
+  PipelineSchedule(const torch::nn::Sequential& module, const std::vector<int64_t>& balance,
+                   LossFunction loss, PipelineScheduleOptions options);
+
+  /// One training step on `input` with `target` (split like the input): forward and backward of
+  /// every micro-batch in the schedule's order. Returns the loss (see the top of this file),
+  /// detached; the parameters' gradients accumulate. Throws c10::ValueError if input and target
+  /// differ in batch size, and rethrows the first exception of any stage.
+  at::Tensor step(const Batch& input, const Batch& target);
+
+  /// The schedule step() runs for `num_microbatches` micro-batches, validated. Throws
+  /// c10::ValueError unless num_microbatches is positive.
+  Schedule schedule(int64_t num_microbatches);
+
+  int64_t num_stages() const { return static_cast<int64_t>(stages_.size()); }
+  int64_t num_workers() const { return num_workers_; }
+  const PipelineScheduleOptions& options() const { return options_; }
+
+  /// The stage module of stage `index`. Throws c10::IndexError out of range.
+  torch::nn::Sequential& stage_module(int64_t index);
+
+  /// The most micro-batches whose activations stage `index` held at once in the last step().
+  /// Throws c10::IndexError out of range.
+  int64_t max_live_microbatches(int64_t index) const;
+
+ private:
+  // The cached schedule for `num_microbatches`. REQUIRES: mutex_ held.
+  const Schedule& plan(int64_t num_microbatches);
+  void run_worker(int64_t worker, const Schedule& schedule, const std::vector<Batch>& inputs,
+                  const std::vector<Batch>& targets, const std::vector<double>& scales,
+                  std::vector<at::Tensor>& losses, Transport& transport);
+
+  std::vector<std::unique_ptr<Stage>> stages_;
+  LossFunction loss_;
+  PipelineScheduleOptions options_;
+  int64_t num_workers_;
+  std::map<int64_t, Schedule> schedules_;  // by number of micro-batches
+  std::mutex mutex_;                       // serializes step()
+};
+
+}  // namespace schedule
+}  // namespace gpipe

@@ -1,0 +1,89 @@
+// Stage: one piece of a model in a pipeline schedule, with its own autograd graph per
+// micro-batch, cut at the stage's boundaries.
+//
+// forward() detaches the tensors it receives from the previous stage and makes the floating-point
+// ones require grad, so the graph of each micro-batch ends at the stage's input; backward() runs
+// that graph with the gradient of the output from the next stage and returns the gradient of the
+// input, which goes back upstream. The parameters accumulate their gradients across micro-batches
+// as in one backward of the full batch. The first stage takes the user's input as it is; the last
+// computes the loss, scaled by the micro-batch's share of the batch (see runtime.h).
+//
+// Thread safety: a Stage is used by one thread at a time (the worker that runs it), so its state
+// needs no lock.
+#pragma once
+
+#include "gpipe/microbatch.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+
+namespace gpipe {
+namespace schedule {
+
+/// Computes the loss of one micro-batch from the last stage's output and the target; returns a
+/// scalar.
+using LossFunction = std::function<at::Tensor(const Batch& output, const Batch& target)>;
+
+/// One stage of a pipeline schedule.
+class Stage {
+ public:
+  /// Stage `index` of `num_stages`, running `module` on `device`; with `checkpoint`, its forward
+  /// keeps no activations inside the module and backward recomputes them.
+  Stage(int64_t index, int64_t num_stages, torch::nn::Sequential module, c10::Device device,
+        bool checkpoint);
+
+  int64_t index() const { return index_; }
+  bool is_first() const { return index_ == 0; }
+  bool is_last() const { return index_ == num_stages_ - 1; }
+  const c10::Device& device() const { return device_; }
+  torch::nn::Sequential& module() { return module_; }
+
+  /// Forward of `microbatch` on `input`, keeping its graph until backward(). Returns the output,
+  /// detached, to send on. REQUIRES: !is_last().
+  Batch forward(int64_t microbatch, const Batch& input);
+
+  /// Forward of `microbatch` on the last stage, then loss(output, target) * scale, kept for
+  /// backward(). Returns the scaled loss, detached. Throws c10::ValueError if the loss is not a
+  /// scalar. REQUIRES: is_last().
+  at::Tensor forward_loss(int64_t microbatch, const Batch& input, const Batch& target,
+                          const LossFunction& loss, double scale);
+
+  /// Backward of `microbatch` with the gradient of its output (ignored by the last stage, which
+  /// starts at its loss). Returns the gradient of the input, an undefined tensor for an input
+  /// without one; nothing for the first stage. Frees the micro-batch's graph.
+  /// Throws c10::ValueError if `microbatch` has no forward pending.
+  Batch backward(int64_t microbatch, const Batch& grad_output);
+
+  /// Drops every pending micro-batch, e.g. after a failed step.
+  void clear();
+
+  /// The most micro-batches whose graphs this stage held at once since reset_live_peak().
+  int64_t max_live_microbatches() const { return max_live_; }
+  void reset_live_peak() { max_live_ = static_cast<int64_t>(pending_.size()); }
+
+ private:
+  struct Pending {
+    Batch input;
+    Batch output;  // the scaled loss on the last stage
+  };
+
+  Batch run(const Batch& input);
+  Batch prepare_input(const Batch& input) const;
+  void keep(int64_t microbatch, Pending pending);
+
+  int64_t index_;
+  int64_t num_stages_;
+  torch::nn::Sequential module_;
+  c10::Device device_;
+  bool checkpoint_;
+  std::map<int64_t, Pending> pending_;
+  int64_t max_live_ = 0;
+};
+
+}  // namespace schedule
+}  // namespace gpipe

@@ -1,0 +1,50 @@
+// Schedule validation: simulates the workers' action lists and rejects a schedule that would
+// deadlock, use a tensor before it arrives, or leave work undone, naming the offending action.
+//
+// The simulation runs in rounds. In each round every worker runs its actions in order until it
+// has run one compute action (forward or backward) or must wait: a receive waits until the
+// message is at the front of its edge's queue (messages sent in a round arrive in the next), a
+// send waits while the queue holds `queue_capacity` messages. A round in which no worker moves
+// is a deadlock. The round of each action is its time in render().
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include "gpipe/schedule/action.h"
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace gpipe {
+namespace schedule {
+
+/// Options for validate() and simulate().
+struct ValidateOptions {
+  /// How many messages each edge's queue holds before a send waits; 0 for unbounded.
+  /// Default: 0.
+  TORCH_ARG(int64_t, queue_capacity) = 0;
+};
+
+/// When each action runs in the simulation.
+struct Timeline {
+  /// rounds[w][k] is the round in which actions[w][k] runs.
+  std::vector<std::vector<int64_t>> rounds;
+  /// The number of rounds in all.
+  int64_t num_rounds = 0;
+};
+
+/// Simulates `schedule`; throws c10::ValueError naming the worker, the position and the action
+/// where it is invalid: an action of a stage that another worker runs, a micro-batch or stage out
+/// of range, a forward before its input is received, a backward before its forward or before its
+/// output gradient is received, a send of something not computed yet, a receive out of order, a
+/// duplicate, a deadlock (naming where every waiting worker waits), or a forward, backward or
+/// message that never happens.
+Timeline simulate(const Schedule& schedule, const ValidateOptions& options = {});
+
+/// simulate(), keeping only the verdict.
+void validate(const Schedule& schedule, const ValidateOptions& options = {});
+
+}  // namespace schedule
+}  // namespace gpipe

@@ -1,0 +1,47 @@
+#include "gpipe/schedule/action.h"
+
+#include <sstream>
+
+namespace gpipe {
+namespace schedule {
+
+std::ostream& operator<<(std::ostream& out, ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kForward:
+      return out << "Forward";
+    case ActionKind::kBackward:
+      return out << "Backward";
+    case ActionKind::kSendActivation:
+      return out << "SendActivation";
+    case ActionKind::kRecvActivation:
+      return out << "RecvActivation";
+    case ActionKind::kSendGradient:
+      return out << "SendGradient";
+    case ActionKind::kRecvGradient:
+      return out << "RecvGradient";
+  }
+  return out << "ActionKind(" << static_cast<int>(kind) << ")";
+}
+
+bool is_compute(ActionKind kind) {
+  return kind == ActionKind::kForward || kind == ActionKind::kBackward;
+}
+
+bool operator==(const Action& a, const Action& b) {
+  return a.kind == b.kind && a.microbatch == b.microbatch && a.stage == b.stage;
+}
+
+bool operator!=(const Action& a, const Action& b) { return !(a == b); }
+
+std::string to_string(const Action& action) {
+  std::ostringstream out;
+  out << action.kind << "(microbatch=" << action.microbatch << ", stage=" << action.stage << ")";
+  return out.str();
+}
+
+std::ostream& operator<<(std::ostream& out, const Action& action) {
+  return out << to_string(action);
+}
+
+}  // namespace schedule
+}  // namespace gpipe

@@ -1,0 +1,199 @@
+#include "gpipe/schedule/generators.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+namespace gpipe {
+namespace schedule {
+namespace {
+
+void check_positive(int64_t value, const char* name) {
+  TORCH_CHECK_VALUE(value > 0, name, " must be positive, but got ", value);
+}
+
+// Wraps each compute action of `computes` (per worker) with its receives and sends.
+Schedule with_communication(int64_t num_workers, int64_t num_stages, int64_t num_microbatches,
+                            const std::vector<std::vector<Action>>& computes) {
+  Schedule schedule;
+  schedule.num_workers = num_workers;
+  schedule.num_stages = num_stages;
+  schedule.num_microbatches = num_microbatches;
+  schedule.actions.resize(num_workers);
+  for (const auto w : c10::irange(num_workers)) {
+    auto& actions = schedule.actions[w];
+    for (const Action& a : computes[w]) {
+      const bool first = a.stage == 0;
+      const bool last = a.stage == num_stages - 1;
+      if (a.kind == ActionKind::kForward) {
+        if (!first) actions.push_back({ActionKind::kRecvActivation, a.microbatch, a.stage});
+        actions.push_back(a);
+        if (!last) actions.push_back({ActionKind::kSendActivation, a.microbatch, a.stage});
+      } else {
+        if (!last) actions.push_back({ActionKind::kRecvGradient, a.microbatch, a.stage});
+        actions.push_back(a);
+        if (!first) actions.push_back({ActionKind::kSendGradient, a.microbatch, a.stage});
+      }
+    }
+  }
+  return schedule;
+}
+
+}  // namespace
+
+std::ostream& operator<<(std::ostream& out, ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return out << "gpipe";
+    case ScheduleKind::kOneFOneB:
+      return out << "1f1b";
+    case ScheduleKind::kInterleavedOneFOneB:
+      return out << "interleaved_1f1b";
+  }
+  return out << "ScheduleKind(" << static_cast<int>(kind) << ")";
+}
+
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  if (name == "gpipe") return ScheduleKind::kGPipe;
+  if (name == "1f1b") return ScheduleKind::kOneFOneB;
+  if (name == "interleaved_1f1b") return ScheduleKind::kInterleavedOneFOneB;
+  TORCH_CHECK_VALUE(false, "unknown schedule kind '", name,
+                    "' (expected gpipe, 1f1b or interleaved_1f1b)");
+}
+
+Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches) {
+  check_positive(num_stages, "num_stages");
+  check_positive(num_microbatches, "num_microbatches");
+  std::vector<std::vector<Action>> computes(num_stages);
+  for (const auto s : c10::irange(num_stages)) {
+    for (const auto i : c10::irange(num_microbatches)) {
+      computes[s].push_back({ActionKind::kForward, i, s});
+    }
+    for (const auto i : c10::irange(num_microbatches)) {
+      computes[s].push_back({ActionKind::kBackward, i, s});
+    }
+  }
+  return with_communication(num_stages, num_stages, num_microbatches, computes);
+}
+
+Schedule one_f_one_b_schedule(int64_t num_stages, int64_t num_microbatches) {
+  check_positive(num_stages, "num_stages");
+  check_positive(num_microbatches, "num_microbatches");
+  std::vector<std::vector<Action>> computes(num_stages);
+  for (const auto s : c10::irange(num_stages)) {
+    const int64_t warmup = std::min(num_stages - 1 - s, num_microbatches);
+    int64_t forward = 0;
+    int64_t backward = 0;
+    for (; forward < warmup; ++forward) computes[s].push_back({ActionKind::kForward, forward, s});
+    for (; forward < num_microbatches; ++forward, ++backward) {
+      computes[s].push_back({ActionKind::kForward, forward, s});
+      computes[s].push_back({ActionKind::kBackward, backward, s});
+    }
+    for (; backward < num_microbatches; ++backward) {
+      computes[s].push_back({ActionKind::kBackward, backward, s});
+    }
+  }
+  return with_communication(num_stages, num_stages, num_microbatches, computes);
+}
+
+Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_per_worker,
+                                          int64_t num_microbatches) {
+  check_positive(num_workers, "num_workers");
+  check_positive(stages_per_worker, "stages_per_worker");
+  check_positive(num_microbatches, "num_microbatches");
+  const int64_t W = num_workers;
+  const int64_t v = stages_per_worker;
+  const int64_t M = num_microbatches;
+  const int64_t S = W * v;
+
+  // Megatron-LM's orders of (chunk, micro-batch) on every worker: rounds of W micro-batches,
+  // chunk by chunk; backwards with the chunks reversed.
+  std::vector<std::pair<int64_t, int64_t>> forward_order;
+  std::vector<std::pair<int64_t, int64_t>> backward_order;
+  for (int64_t begin = 0; begin < M; begin += W) {
+    const int64_t end = std::min(begin + W, M);
+    for (const auto c : c10::irange(v)) {
+      for (int64_t i = begin; i < end; ++i) forward_order.emplace_back(c, i);
+    }
+    for (int64_t c = v - 1; c >= 0; --c) {
+      for (int64_t i = begin; i < end; ++i) backward_order.emplace_back(c, i);
+    }
+  }
+  const int64_t total = M * v;
+
+  // Simulates in unit-time ticks: a result computed at tick t is usable from tick t + 1.
+  constexpr int64_t kNotYet = -1;
+  std::vector<std::vector<int64_t>> forward_tick(S, std::vector<int64_t>(M, kNotYet));
+  std::vector<std::vector<int64_t>> backward_tick(S, std::vector<int64_t>(M, kNotYet));
+  std::vector<int64_t> forwards(W, 0);
+  std::vector<int64_t> backwards(W, 0);
+  std::vector<std::vector<Action>> computes(W);
+  auto done_before = [](int64_t tick, int64_t now) { return tick != kNotYet && tick < now; };
+  for (int64_t tick = 0, finished = 0; finished < W; ++tick) {
+    bool progressed = false;
+    for (int pass = 0; pass < 2 && !progressed; ++pass) {
+      // The second pass, only when nothing could run, lifts the warm-up bound.
+      const bool bounded = pass == 0;
+      for (const auto w : c10::irange(W)) {
+        if (backwards[w] == total) continue;
+        bool forward_ready = false;
+        int64_t fs = 0, fi = 0;
+        if (forwards[w] < total) {
+          fs = forward_order[forwards[w]].first * W + w;
+          fi = forward_order[forwards[w]].second;
+          forward_ready = fs == 0 || done_before(forward_tick[fs - 1][fi], tick);
+        }
+        const int64_t bs = backward_order[backwards[w]].first * W + w;
+        const int64_t bi = backward_order[backwards[w]].second;
+        const bool backward_ready =
+            done_before(forward_tick[bs][bi], tick) &&
+            (bs == S - 1 ? true : done_before(backward_tick[bs + 1][bi], tick));
+        const int64_t limit = std::min(total, (W - w - 1) * 2 + (v - 1) * W + 1);
+        const bool may_forward = !bounded || forwards[w] - backwards[w] < limit;
+        if (forward_ready && may_forward) {
+          forward_tick[fs][fi] = tick;
+          computes[w].push_back({ActionKind::kForward, fi, fs});
+          ++forwards[w];
+          progressed = true;
+        } else if (backward_ready) {
+          backward_tick[bs][bi] = tick;
+          computes[w].push_back({ActionKind::kBackward, bi, bs});
+          if (++backwards[w] == total) ++finished;
+          progressed = true;
+        }
+      }
+    }
+    // With the bound lifted the consistent orders always leave something to run.
+    TORCH_INTERNAL_ASSERT(progressed, "interleaved 1F1B generator stalled at tick ", tick);
+  }
+  return with_communication(W, S, M, computes);
+}
+
+Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stages,
+                       int64_t num_microbatches) {
+  check_positive(num_workers, "num_workers");
+  check_positive(num_stages, "num_stages");
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+    case ScheduleKind::kOneFOneB:
+      TORCH_CHECK_VALUE(num_stages == num_workers, "schedule ", kind,
+                        " runs one stage per worker, but got ", num_stages, " stages for ",
+                        num_workers, " workers");
+      return kind == ScheduleKind::kGPipe ? gpipe_schedule(num_stages, num_microbatches)
+                                          : one_f_one_b_schedule(num_stages, num_microbatches);
+    case ScheduleKind::kInterleavedOneFOneB:
+      TORCH_CHECK_VALUE(num_stages % num_workers == 0, "schedule ", kind,
+                        " needs the number of stages to be a multiple of the number of workers, "
+                        "but got ",
+                        num_stages, " stages for ", num_workers, " workers");
+      return interleaved_one_f_one_b_schedule(num_workers, num_stages / num_workers,
+                                              num_microbatches);
+  }
+  TORCH_CHECK_VALUE(false, "unknown schedule kind ", static_cast<int>(kind));
+}
+
+}  // namespace schedule
+}  // namespace gpipe

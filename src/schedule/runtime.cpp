@@ -1,0 +1,234 @@
+#include "gpipe/schedule/runtime.h"
+
+#include "gpipe/schedule/thread_transport.h"
+#include "gpipe/schedule/validate.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <exception>
+#include <numeric>
+#include <thread>
+#include <utility>
+
+namespace gpipe {
+namespace schedule {
+
+std::ostream& operator<<(std::ostream& out, LossReduction reduction) {
+  switch (reduction) {
+    case LossReduction::kMean:
+      return out << "mean";
+    case LossReduction::kSum:
+      return out << "sum";
+  }
+  return out << "LossReduction(" << static_cast<int>(reduction) << ")";
+}
+
+PipelineScheduleOptions::PipelineScheduleOptions(int64_t chunks) : chunks_(chunks) {}
+
+namespace {
+
+std::vector<torch::nn::Sequential> split(const torch::nn::Sequential& module,
+                                         const std::vector<int64_t>& balance) {
+  TORCH_CHECK_VALUE(!balance.empty(), "balance must name at least one stage");
+  int64_t total = 0;
+  for (const auto j : c10::irange(balance.size())) {
+    TORCH_CHECK_VALUE(balance[j] > 0, "balance[", j, "] must be positive, but is ", balance[j]);
+    total += balance[j];
+  }
+  TORCH_CHECK_VALUE(total == static_cast<int64_t>(module->size()), "balance adds up to ", total,
+                    " layers, but the module has ", module->size());
+  const auto names = module->named_children().keys();
+  std::vector<torch::nn::Sequential> stages;
+  size_t layer = 0;
+  auto any_layer = module->begin();
+  for (const int64_t count : balance) {
+    torch::nn::Sequential stage;
+    for (int64_t k = 0; k < count; ++k, ++layer, ++any_layer) {
+      stage->push_back(names[layer], *any_layer);
+    }
+    stages.push_back(stage);
+  }
+  return stages;
+}
+
+}  // namespace
+
+PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, LossFunction loss,
+                                   PipelineScheduleOptions options)
+    : loss_(std::move(loss)), options_(std::move(options)) {
+  const int64_t S = static_cast<int64_t>(stages.size());
+  TORCH_CHECK_VALUE(S > 0, "a pipeline needs at least one stage");
+  TORCH_CHECK_VALUE(static_cast<bool>(loss_), "the loss function is empty");
+  TORCH_CHECK_VALUE(options_.chunks() > 0, "chunks must be positive, but got ", options_.chunks());
+  TORCH_CHECK_VALUE(options_.stages_per_worker() > 0,
+                    "stages_per_worker must be positive, but got ", options_.stages_per_worker());
+  TORCH_CHECK_VALUE(options_.intra_op_threads() >= 0,
+                    "intra_op_threads must be non-negative, but got ", options_.intra_op_threads());
+  TORCH_CHECK_VALUE(options_.queue_capacity() >= 0, "queue_capacity must be non-negative, but got ",
+                    options_.queue_capacity());
+  TORCH_CHECK_VALUE(S % options_.stages_per_worker() == 0, "stages_per_worker (",
+                    options_.stages_per_worker(), ") must divide the number of stages (", S, ")");
+  TORCH_CHECK_VALUE(options_.stages_per_worker() == 1 ||
+                        options_.schedule() == ScheduleKind::kInterleavedOneFOneB,
+                    "schedule ", options_.schedule(),
+                    " runs one stage per worker, but stages_per_worker is ",
+                    options_.stages_per_worker());
+  num_workers_ = S / options_.stages_per_worker();
+  auto devices = options_.devices();
+  if (devices.empty()) devices.assign(S, c10::Device(c10::kCPU));
+  TORCH_CHECK_INDEX(static_cast<int64_t>(devices.size()) >= S, "too few devices for ", S,
+                    " stages (devices: ", devices.size(), ")");
+  for (const auto s : c10::irange(S)) {
+    TORCH_CHECK_VALUE(stages[s] && !stages[s]->is_empty(), "stage ", s, " has no layers");
+    stages[s]->to(devices[s]);
+    stages_.push_back(
+        std::make_unique<Stage>(s, S, std::move(stages[s]), devices[s], options_.checkpoint()));
+  }
+  // Fails early for a schedule that cannot run these stages.
+  plan(1);
+}
+
+PipelineSchedule::PipelineSchedule(const torch::nn::Sequential& module,
+                                   const std::vector<int64_t>& balance, LossFunction loss,
+                                   PipelineScheduleOptions options)
+    : PipelineSchedule(split(module, balance), std::move(loss), std::move(options)) {}
+
+Schedule PipelineSchedule::schedule(int64_t num_microbatches) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return plan(num_microbatches);
+}
+
+const Schedule& PipelineSchedule::plan(int64_t num_microbatches) {
+  auto it = schedules_.find(num_microbatches);
+  if (it != schedules_.end()) return it->second;
+  Schedule s = make_schedule(options_.schedule(), num_workers_, num_stages(), num_microbatches);
+  const int64_t capacity =
+      options_.queue_capacity() > 0 ? options_.queue_capacity() : num_microbatches;
+  validate(s, ValidateOptions().queue_capacity(capacity));
+  return schedules_.emplace(num_microbatches, std::move(s)).first->second;
+}
+
+torch::nn::Sequential& PipelineSchedule::stage_module(int64_t index) {
+  TORCH_CHECK_INDEX(index >= 0 && index < num_stages(), "stage ", index, " is out of range for ",
+                    num_stages(), " stages");
+  return stages_[index]->module();
+}
+
+int64_t PipelineSchedule::max_live_microbatches(int64_t index) const {
+  TORCH_CHECK_INDEX(index >= 0 && index < num_stages(), "stage ", index, " is out of range for ",
+                    num_stages(), " stages");
+  return stages_[index]->max_live_microbatches();
+}
+
+void PipelineSchedule::run_worker(int64_t worker, const Schedule& schedule,
+                                  const std::vector<Batch>& inputs,
+                                  const std::vector<Batch>& targets,
+                                  const std::vector<double>& scales,
+                                  std::vector<at::Tensor>& losses, Transport& transport) {
+  if (options_.intra_op_threads() > 0) {
+    // Initialize first, or LibTorch's lazy initialization would later overwrite this thread's
+    // count with the last one any thread set.
+    at::internal::lazy_init_num_threads();
+    at::set_num_threads(static_cast<int>(options_.intra_op_threads()));
+  }
+  // Per stage of this worker: received inputs and output gradients, and outputs to send.
+  std::map<std::pair<int64_t, int64_t>, Batch> received_inputs, received_grads, outputs,
+      grad_inputs;
+  const auto key = [](const Action& a) { return std::make_pair(a.stage, a.microbatch); };
+  const auto take = [](std::map<std::pair<int64_t, int64_t>, Batch>& from,
+                       std::pair<int64_t, int64_t> k, const Action& a) {
+    auto it = from.find(k);
+    TORCH_INTERNAL_ASSERT(it != from.end(), "nothing to use for ", a);
+    Batch batch = std::move(it->second);
+    from.erase(it);
+    return batch;
+  };
+  for (const Action& a : schedule.actions[worker]) {
+    Stage& stage = *stages_[a.stage];
+    const int64_t i = a.microbatch;
+    switch (a.kind) {
+      case ActionKind::kRecvActivation:
+        received_inputs.emplace(key(a), transport.recv(a.stage - 1, a.stage, i));
+        break;
+      case ActionKind::kForward: {
+        Batch input = stage.is_first() ? inputs[i] : take(received_inputs, key(a), a);
+        if (stage.is_last()) {
+          losses[i] = stage.forward_loss(i, input, targets[i], loss_, scales[i]);
+        } else {
+          outputs.emplace(key(a), stage.forward(i, input));
+        }
+        break;
+      }
+      case ActionKind::kSendActivation:
+        transport.send(take(outputs, key(a), a), a.stage, a.stage + 1, i);
+        break;
+      case ActionKind::kRecvGradient:
+        received_grads.emplace(key(a), transport.recv(a.stage + 1, a.stage, i));
+        break;
+      case ActionKind::kBackward: {
+        Batch grad =
+            stage.is_last() ? Batch(std::vector<at::Tensor>{}) : take(received_grads, key(a), a);
+        Batch grad_input = stage.backward(i, grad);
+        if (!stage.is_first()) grad_inputs.emplace(key(a), std::move(grad_input));
+        break;
+      }
+      case ActionKind::kSendGradient:
+        transport.send(take(grad_inputs, key(a), a), a.stage, a.stage - 1, i);
+        break;
+    }
+  }
+}
+
+at::Tensor PipelineSchedule::step(const Batch& input, const Batch& target) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check(input);
+  check(target);
+  const int64_t N = input[0].size(0);
+  TORCH_CHECK_VALUE(target[0].size(0) == N, "input and target must have the same batch size, but ",
+                    "the input has ", N, " and the target ", target[0].size(0));
+  const std::vector<Batch> inputs = scatter(input, options_.chunks());
+  const std::vector<Batch> targets = scatter(target, options_.chunks());
+  const int64_t M = static_cast<int64_t>(inputs.size());
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(targets.size()) == M);
+  std::vector<double> scales(M, 1.0);
+  if (options_.loss_reduction() == LossReduction::kMean) {
+    for (const auto i : c10::irange(M)) {
+      scales[i] = static_cast<double>(inputs[i][0].size(0)) / static_cast<double>(N);
+    }
+  }
+  const Schedule& chosen = plan(M);
+  ThreadTransport transport(num_stages(),
+                            options_.queue_capacity() > 0 ? options_.queue_capacity() : M);
+  for (auto& stage : stages_) stage->reset_live_peak();
+
+  std::vector<at::Tensor> losses(M);
+  std::mutex error_mutex;
+  std::exception_ptr error;  // the first failure, guarded by error_mutex
+  std::vector<std::thread> threads;
+  for (const auto w : c10::irange(num_workers_)) {
+    threads.emplace_back([&, w] {
+      try {
+        run_worker(w, chosen, inputs, targets, scales, losses, transport);
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> guard(error_mutex);
+          if (!error) error = std::current_exception();
+        }
+        transport.abort();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  if (error) {
+    for (auto& stage : stages_) stage->clear();
+    std::rethrow_exception(error);
+  }
+  at::Tensor total = losses[0];
+  for (const auto i : c10::irange(1, M)) total = total + losses[i];
+  return total;
+}
+
+}  // namespace schedule
+}  // namespace gpipe

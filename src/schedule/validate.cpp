@@ -1,0 +1,219 @@
+#include "gpipe/schedule/validate.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <deque>
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+
+namespace gpipe {
+namespace schedule {
+namespace {
+
+struct Message {
+  int64_t microbatch;
+  int64_t arrival;  // the first round in which it can be received
+};
+
+// Where the simulation of one schedule stands.
+class Simulation {
+ public:
+  Simulation(const Schedule& schedule, const ValidateOptions& options)
+      : schedule_(schedule),
+        capacity_(options.queue_capacity()),
+        S_(schedule.num_stages),
+        M_(schedule.num_microbatches),
+        forwarded_(S_ * M_, false),
+        backwarded_(S_ * M_, false),
+        activation_received_(S_ * M_, false),
+        gradient_received_(S_ * M_, false),
+        activation_sent_(S_ * M_, false),
+        gradient_sent_(S_ * M_, false) {}
+
+  Timeline run();
+
+ private:
+  enum class Step { kRan, kWait };
+
+  // Runs actions[w][pc] in `round` if it can run; throws if it is invalid.
+  Step step(int64_t w, int64_t pc, int64_t round);
+  void check_static(int64_t w, int64_t pc, const Action& a) const;
+  std::string where(int64_t w, int64_t pc) const;
+  size_t index(int64_t stage, int64_t microbatch) const { return stage * M_ + microbatch; }
+  std::deque<Message>& queue(int64_t from, int64_t to) { return queues_[{from, to}]; }
+
+  const Schedule& schedule_;
+  const int64_t capacity_;
+  const int64_t S_;
+  const int64_t M_;
+  std::vector<bool> forwarded_, backwarded_, activation_received_, gradient_received_,
+      activation_sent_, gradient_sent_;
+  std::map<std::pair<int64_t, int64_t>, std::deque<Message>> queues_;
+};
+
+std::string Simulation::where(int64_t w, int64_t pc) const {
+  std::ostringstream out;
+  out << "invalid schedule: worker " << w << ", action " << pc << ", " << schedule_.actions[w][pc]
+      << ": ";
+  return out.str();
+}
+
+void Simulation::check_static(int64_t w, int64_t pc, const Action& a) const {
+  TORCH_CHECK_VALUE(a.stage >= 0 && a.stage < S_, where(w, pc), "stage ", a.stage,
+                    " is out of range for ", S_, " stages");
+  TORCH_CHECK_VALUE(a.microbatch >= 0 && a.microbatch < M_, where(w, pc), "micro-batch ",
+                    a.microbatch, " is out of range for ", M_, " micro-batches");
+  TORCH_CHECK_VALUE(schedule_.worker_of(a.stage) == w, where(w, pc), "stage ", a.stage,
+                    " runs on worker ", schedule_.worker_of(a.stage), ", not on worker ", w);
+}
+
+Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
+  const Action& a = schedule_.actions[w][pc];
+  check_static(w, pc, a);
+  const int64_t s = a.stage;
+  const int64_t i = a.microbatch;
+  const size_t k = index(s, i);
+  switch (a.kind) {
+    case ActionKind::kForward:
+      TORCH_CHECK_VALUE(!forwarded_[k], where(w, pc), "micro-batch ", i,
+                        " was already forwarded on stage ", s);
+      TORCH_CHECK_VALUE(s == 0 || activation_received_[k], where(w, pc),
+                        "uses the activation of micro-batch ", i,
+                        " before it arrives (no RecvActivation of it before)");
+      forwarded_[k] = true;
+      return Step::kRan;
+    case ActionKind::kBackward:
+      TORCH_CHECK_VALUE(!backwarded_[k], where(w, pc), "micro-batch ", i,
+                        " was already backwarded on stage ", s);
+      TORCH_CHECK_VALUE(forwarded_[k], where(w, pc), "runs before the forward of micro-batch ", i,
+                        " on stage ", s);
+      TORCH_CHECK_VALUE(s == S_ - 1 || gradient_received_[k], where(w, pc),
+                        "uses the gradient of micro-batch ", i,
+                        " before it arrives (no RecvGradient of it before)");
+      backwarded_[k] = true;
+      return Step::kRan;
+    case ActionKind::kSendActivation:
+    case ActionKind::kSendGradient: {
+      const bool activation = a.kind == ActionKind::kSendActivation;
+      const int64_t to = activation ? s + 1 : s - 1;
+      TORCH_CHECK_VALUE(to >= 0 && to < S_, where(w, pc), "stage ", s, " has no ",
+                        activation ? "next" : "previous", " stage to send to");
+      auto& sent = activation ? activation_sent_ : gradient_sent_;
+      TORCH_CHECK_VALUE(!sent[k], where(w, pc), "micro-batch ", i, " was already sent");
+      TORCH_CHECK_VALUE(activation ? forwarded_[k] : backwarded_[k], where(w, pc), "sends the ",
+                        activation ? "activation" : "gradient", " of micro-batch ", i,
+                        " before it is computed (no ", activation ? "Forward" : "Backward",
+                        " of it before)");
+      auto& q = queue(s, to);
+      if (capacity_ > 0 && static_cast<int64_t>(q.size()) >= capacity_) return Step::kWait;
+      q.push_back({i, round + 1});
+      sent[k] = true;
+      return Step::kRan;
+    }
+    case ActionKind::kRecvActivation:
+    case ActionKind::kRecvGradient: {
+      const bool activation = a.kind == ActionKind::kRecvActivation;
+      const int64_t from = activation ? s - 1 : s + 1;
+      TORCH_CHECK_VALUE(from >= 0 && from < S_, where(w, pc), "stage ", s, " has no ",
+                        activation ? "previous" : "next", " stage to receive from");
+      auto& received = activation ? activation_received_ : gradient_received_;
+      TORCH_CHECK_VALUE(!received[k], where(w, pc), "micro-batch ", i, " was already received");
+      auto& q = queue(from, s);
+      if (q.empty() || q.front().arrival > round) return Step::kWait;
+      TORCH_CHECK_VALUE(q.front().microbatch == i, where(w, pc), "the next ",
+                        activation ? "activation" : "gradient", " from stage ", from,
+                        " is of micro-batch ", q.front().microbatch, ", not ", i,
+                        " (messages on an edge arrive in the order they were sent)");
+      q.pop_front();
+      received[k] = true;
+      return Step::kRan;
+    }
+  }
+  TORCH_CHECK_VALUE(false, where(w, pc), "unknown action kind ", static_cast<int>(a.kind));
+}
+
+Timeline Simulation::run() {
+  const int64_t W = schedule_.num_workers;
+  Timeline timeline;
+  timeline.rounds.resize(W);
+  std::vector<int64_t> pc(W, 0);
+  for (const auto w : c10::irange(W)) timeline.rounds[w].resize(schedule_.actions[w].size());
+  for (int64_t round = 0;; ++round) {
+    bool progressed = false;
+    bool finished = true;
+    for (const auto w : c10::irange(W)) {
+      const auto& actions = schedule_.actions[w];
+      bool computed = false;
+      while (pc[w] < static_cast<int64_t>(actions.size())) {
+        const bool compute = is_compute(actions[pc[w]].kind);
+        if (compute && computed) break;
+        if (step(w, pc[w], round) == Step::kWait) break;
+        timeline.rounds[w][pc[w]++] = round;
+        computed = computed || compute;
+        progressed = true;
+      }
+      finished = finished && pc[w] == static_cast<int64_t>(actions.size());
+    }
+    if (finished) {
+      timeline.num_rounds = round + 1;
+      break;
+    }
+    if (!progressed) {
+      std::ostringstream waits;
+      for (const auto w : c10::irange(W)) {
+        if (pc[w] == static_cast<int64_t>(schedule_.actions[w].size())) continue;
+        waits << (waits.tellp() > 0 ? "; " : "") << "worker " << w << " waits at action " << pc[w]
+              << ", " << schedule_.actions[w][pc[w]];
+      }
+      TORCH_CHECK_VALUE(false, "invalid schedule: deadlock: ", waits.str());
+    }
+  }
+  for (const auto s : c10::irange(S_)) {
+    for (const auto i : c10::irange(M_)) {
+      const size_t k = index(s, i);
+      TORCH_CHECK_VALUE(forwarded_[k], "invalid schedule: it never runs ",
+                        Action{ActionKind::kForward, i, s});
+      TORCH_CHECK_VALUE(backwarded_[k], "invalid schedule: it never runs ",
+                        Action{ActionKind::kBackward, i, s});
+    }
+  }
+  for (const auto& entry : queues_) {
+    if (entry.second.empty()) continue;
+    const bool activation = entry.first.second > entry.first.first;
+    const Action send{activation ? ActionKind::kSendActivation : ActionKind::kSendGradient,
+                      entry.second.front().microbatch, entry.first.first};
+    TORCH_CHECK_VALUE(false, "invalid schedule: ", send, " is never received by stage ",
+                      entry.first.second);
+  }
+  return timeline;
+}
+
+}  // namespace
+
+Timeline simulate(const Schedule& schedule, const ValidateOptions& options) {
+  TORCH_CHECK_VALUE(schedule.num_workers > 0,
+                    "invalid schedule: num_workers must be positive, but is ",
+                    schedule.num_workers);
+  TORCH_CHECK_VALUE(schedule.num_microbatches > 0,
+                    "invalid schedule: num_microbatches must be positive, but is ",
+                    schedule.num_microbatches);
+  TORCH_CHECK_VALUE(schedule.num_stages > 0 && schedule.num_stages % schedule.num_workers == 0,
+                    "invalid schedule: num_stages must be a positive multiple of num_workers (",
+                    schedule.num_workers, "), but is ", schedule.num_stages);
+  TORCH_CHECK_VALUE(static_cast<int64_t>(schedule.actions.size()) == schedule.num_workers,
+                    "invalid schedule: it has action lists for ", schedule.actions.size(),
+                    " workers, but num_workers is ", schedule.num_workers);
+  TORCH_CHECK_VALUE(options.queue_capacity() >= 0, "queue_capacity must be non-negative, but got ",
+                    options.queue_capacity());
+  return Simulation(schedule, options).run();
+}
+
+void validate(const Schedule& schedule, const ValidateOptions& options) {
+  simulate(schedule, options);
+}
+
+}  // namespace schedule
+}  // namespace gpipe

@@ -1,0 +1,37 @@
+// Tests of the text rendering of schedules.
+#include "test_util.h"
+
+#include "gpipe/schedule/generators.h"
+#include "gpipe/schedule/render.h"
+
+namespace gpipe {
+namespace schedule {
+namespace {
+
+TEST(ScheduleRenderTest, OneFOneB) {
+  EXPECT_EQ(render(one_f_one_b_schedule(2, 3)),
+            "worker 0 | F0 F1 .  B0 F2 B1 .  B2\n"
+            "worker 1 | .  F0 B0 F1 B1 F2 B2\n");
+}
+
+TEST(ScheduleRenderTest, GPipe) {
+  EXPECT_EQ(render(gpipe_schedule(2, 2)),
+            "worker 0 | F0 F1 .  .  B0 B1\n"
+            "worker 1 | .  F0 F1 B0 B1\n");
+}
+
+TEST(ScheduleRenderTest, InterleavedNamesStages) {
+  const std::string text = render(interleaved_one_f_one_b_schedule(2, 2, 2));
+  EXPECT_THAT(text, ::testing::StartsWith("worker 0 | F0:0 F1:0 F0:2"));
+  EXPECT_THAT(text, ::testing::HasSubstr("\nworker 1 | .    F0:1"));
+}
+
+TEST(ScheduleRenderTest, RejectsInvalidSchedule) {
+  Schedule schedule = gpipe_schedule(2, 1);
+  schedule.actions[1].erase(schedule.actions[1].begin());
+  GPIPE_EXPECT_THROW_WITH(render(schedule), c10::ValueError, "Forward(microbatch=0, stage=1)");
+}
+
+}  // namespace
+}  // namespace schedule
+}  // namespace gpipe

@@ -1,0 +1,243 @@
+// Tests of the schedule generators and of validate(): generated schedules are valid, hand-made
+// broken ones are rejected naming the offending action.
+#include "test_util.h"
+
+#include "gpipe/schedule/action.h"
+#include "gpipe/schedule/generators.h"
+#include "gpipe/schedule/validate.h"
+
+#include <algorithm>
+
+namespace gpipe {
+namespace schedule {
+namespace {
+
+using K = ActionKind;
+
+TEST(ScheduleValidateTest, GeneratedSchedulesAreValid) {
+  for (int64_t stages = 1; stages <= 4; ++stages) {
+    for (int64_t m = 1; m <= 8; ++m) {
+      for (int64_t capacity : {int64_t{0}, m, int64_t{1}}) {
+        const auto options = ValidateOptions().queue_capacity(capacity);
+        EXPECT_NO_THROW(validate(gpipe_schedule(stages, m), options)) << stages << " " << m;
+        EXPECT_NO_THROW(validate(one_f_one_b_schedule(stages, m), options)) << stages << " " << m;
+        // Interleaved 1F1B sends ahead more than one message per edge: it needs room for them.
+        if (capacity == 1) continue;
+        for (int64_t v = 1; v <= 3; ++v) {
+          EXPECT_NO_THROW(validate(interleaved_one_f_one_b_schedule(stages, v, m), options))
+              << stages << " workers, " << v << " stages each, " << m << " micro-batches";
+        }
+      }
+    }
+  }
+}
+
+// Every stage forwards and backwards every micro-batch once; 1F1B keeps at most S - s pending on
+// stage s, GPipe all M.
+TEST(ScheduleValidateTest, PendingMicroBatchesPerStage) {
+  for (int64_t stages = 1; stages <= 4; ++stages) {
+    for (int64_t m = 1; m <= 8; ++m) {
+      for (const bool one_f_one_b : {false, true}) {
+        const Schedule schedule =
+            one_f_one_b ? one_f_one_b_schedule(stages, m) : gpipe_schedule(stages, m);
+        for (int64_t s = 0; s < stages; ++s) {
+          int64_t pending = 0, most = 0, forwards = 0, backwards = 0;
+          for (const Action& a : schedule.actions[s]) {
+            EXPECT_EQ(a.stage, s);
+            if (a.kind == K::kForward) most = std::max(most, ++pending), ++forwards;
+            if (a.kind == K::kBackward) --pending, ++backwards;
+          }
+          EXPECT_EQ(forwards, m);
+          EXPECT_EQ(backwards, m);
+          EXPECT_EQ(most, one_f_one_b ? std::min(stages - s, m) : m) << stages << " " << m;
+        }
+      }
+    }
+  }
+}
+
+TEST(ScheduleValidateTest, InterleavedRunsEveryStageOnItsWorker) {
+  const Schedule schedule = interleaved_one_f_one_b_schedule(2, 2, 4);
+  EXPECT_EQ(schedule.num_workers, 2);
+  EXPECT_EQ(schedule.num_stages, 4);
+  for (int64_t w = 0; w < 2; ++w) {
+    for (const Action& a : schedule.actions[w]) EXPECT_EQ(a.stage % 2, w) << a;
+  }
+  // Worker 0 begins Megatron-style: forwards of chunk 0 for the round, then of chunk 1.
+  std::vector<Action> forwards;
+  for (const Action& a : schedule.actions[0]) {
+    if (a.kind == K::kForward) forwards.push_back(a);
+  }
+  ASSERT_GE(forwards.size(), 4u);
+  EXPECT_EQ(forwards[0], (Action{K::kForward, 0, 0}));
+  EXPECT_EQ(forwards[1], (Action{K::kForward, 1, 0}));
+  EXPECT_EQ(forwards[2], (Action{K::kForward, 0, 2}));
+  EXPECT_EQ(forwards[3], (Action{K::kForward, 1, 2}));
+}
+
+TEST(ScheduleValidateTest, MakeScheduleChecksStages) {
+  GPIPE_EXPECT_THROW_WITH(make_schedule(ScheduleKind::kOneFOneB, 2, 4, 4), c10::ValueError,
+                          "one stage per worker, but got 4 stages for 2 workers");
+  GPIPE_EXPECT_THROW_WITH(make_schedule(ScheduleKind::kInterleavedOneFOneB, 2, 3, 4),
+                          c10::ValueError, "multiple of the number of workers, but got 3");
+  GPIPE_EXPECT_THROW_WITH(gpipe_schedule(2, 0), c10::ValueError,
+                          "num_microbatches must be positive, but got 0");
+  EXPECT_EQ(parse_schedule_kind("1f1b"), ScheduleKind::kOneFOneB);
+  GPIPE_EXPECT_THROW_WITH(parse_schedule_kind("zb"), c10::ValueError, "unknown schedule kind 'zb'");
+}
+
+Schedule two_stages(std::vector<Action> worker0, std::vector<Action> worker1, int64_t m = 1) {
+  Schedule schedule;
+  schedule.num_workers = 2;
+  schedule.num_stages = 2;
+  schedule.num_microbatches = m;
+  schedule.actions = {std::move(worker0), std::move(worker1)};
+  return schedule;
+}
+
+TEST(ScheduleValidateTest, RejectsForwardBeforeItsInputArrives) {
+  Schedule schedule = gpipe_schedule(2, 1);
+  // Worker 1: RecvActivation(0, 1) Forward(0, 1) ...: drop the receive.
+  ASSERT_EQ(schedule.actions[1][0], (Action{K::kRecvActivation, 0, 1}));
+  schedule.actions[1].erase(schedule.actions[1].begin());
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "worker 1, action 0, Forward(microbatch=0, stage=1): uses the activation "
+                          "of micro-batch 0 before it arrives");
+}
+
+TEST(ScheduleValidateTest, RejectsBackwardBeforeItsGradientArrives) {
+  Schedule schedule = gpipe_schedule(2, 1);
+  auto& w0 = schedule.actions[0];
+  w0.erase(std::find(w0.begin(), w0.end(), Action{K::kRecvGradient, 0, 0}));
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "Backward(microbatch=0, stage=0): uses the gradient of micro-batch 0 "
+                          "before it arrives");
+}
+
+TEST(ScheduleValidateTest, RejectsDeadlock) {
+  // Worker 0 waits for a gradient before sending the activation it depends on.
+  const Schedule schedule = two_stages({{K::kForward, 0, 0},
+                                        {K::kRecvGradient, 0, 0},
+                                        {K::kSendActivation, 0, 0},
+                                        {K::kBackward, 0, 0}},
+                                       {{K::kRecvActivation, 0, 1},
+                                        {K::kForward, 0, 1},
+                                        {K::kBackward, 0, 1},
+                                        {K::kSendGradient, 0, 1}});
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "deadlock: worker 0 waits at action 1, RecvGradient(microbatch=0, "
+                          "stage=0); worker 1 waits at action 0, RecvActivation(microbatch=0, "
+                          "stage=1)");
+}
+
+TEST(ScheduleValidateTest, RejectsDuplicate) {
+  Schedule schedule = gpipe_schedule(2, 1);
+  schedule.actions[1].push_back({K::kSendGradient, 0, 1});
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "worker 1, action 4, SendGradient(microbatch=0, stage=1): micro-batch 0 "
+                          "was already sent");
+}
+
+TEST(ScheduleValidateTest, RejectsDeadlockOfFullQueues) {
+  // Worker 0 sends four activations before it takes a gradient; worker 1 sends two gradients
+  // before it takes the third activation. Fine with room for two messages per edge; with one,
+  // both wait to send.
+  Schedule schedule = two_stages({}, {}, 4);
+  for (int64_t i = 0; i < 4; ++i) {
+    schedule.actions[0].push_back({K::kForward, i, 0});
+    schedule.actions[0].push_back({K::kSendActivation, i, 0});
+  }
+  for (int64_t i = 0; i < 4; ++i) {
+    schedule.actions[0].push_back({K::kRecvGradient, i, 0});
+    schedule.actions[0].push_back({K::kBackward, i, 0});
+  }
+  for (int64_t round = 0; round < 2; ++round) {
+    for (int64_t i = 2 * round; i < 2 * round + 2; ++i) {
+      schedule.actions[1].push_back({K::kRecvActivation, i, 1});
+      schedule.actions[1].push_back({K::kForward, i, 1});
+    }
+    for (int64_t i = 2 * round; i < 2 * round + 2; ++i) {
+      schedule.actions[1].push_back({K::kBackward, i, 1});
+      schedule.actions[1].push_back({K::kSendGradient, i, 1});
+    }
+  }
+  EXPECT_NO_THROW(validate(schedule));
+  EXPECT_NO_THROW(validate(schedule, ValidateOptions().queue_capacity(2)));
+  GPIPE_EXPECT_THROW_WITH(validate(schedule, ValidateOptions().queue_capacity(1)), c10::ValueError,
+                          "deadlock: worker 0 waits at action 7, SendActivation(microbatch=3, "
+                          "stage=0); worker 1 waits at action 7, SendGradient(microbatch=1, "
+                          "stage=1)");
+}
+
+TEST(ScheduleValidateTest, RejectsOutOfOrderReceive) {
+  Schedule schedule = gpipe_schedule(2, 2);
+  auto& w1 = schedule.actions[1];
+  // Worker 1 receives micro-batch 1 first.
+  ASSERT_EQ(w1[0], (Action{K::kRecvActivation, 0, 1}));
+  auto second = std::find(w1.begin(), w1.end(), Action{K::kRecvActivation, 1, 1});
+  ASSERT_NE(second, w1.end());
+  second->microbatch = 0;
+  w1[0].microbatch = 1;
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "worker 1, action 0, RecvActivation(microbatch=1, stage=1): the next "
+                          "activation from stage 0 is of micro-batch 0, not 1");
+}
+
+TEST(ScheduleValidateTest, RejectsStageOnAnotherWorker) {
+  Schedule schedule = gpipe_schedule(2, 1);
+  schedule.actions[0].insert(schedule.actions[0].begin(), Action{K::kForward, 0, 1});
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "worker 0, action 0, Forward(microbatch=0, stage=1): stage 1 runs on "
+                          "worker 1, not on worker 0");
+}
+
+TEST(ScheduleValidateTest, RejectsOutOfRange) {
+  Schedule schedule = gpipe_schedule(2, 1);
+  schedule.actions[0][0].microbatch = 5;
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "Forward(microbatch=5, stage=0): micro-batch 5 is out of range for 1");
+}
+
+TEST(ScheduleValidateTest, RejectsBackwardBeforeForward) {
+  const Schedule schedule = two_stages({{K::kBackward, 0, 0}, {K::kForward, 0, 0}}, {});
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "worker 0, action 0, Backward(microbatch=0, stage=0): runs before the "
+                          "forward of micro-batch 0 on stage 0");
+}
+
+TEST(ScheduleValidateTest, RejectsSendBeforeCompute) {
+  const Schedule schedule = two_stages({{K::kSendActivation, 0, 0}}, {});
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "SendActivation(microbatch=0, stage=0): sends the activation of "
+                          "micro-batch 0 before it is computed");
+}
+
+TEST(ScheduleValidateTest, RejectsMissingWork) {
+  Schedule schedule = gpipe_schedule(2, 2);
+  auto& w1 = schedule.actions[1];
+  w1.erase(std::find(w1.begin(), w1.end(), Action{K::kBackward, 1, 1}));
+  w1.erase(std::find(w1.begin(), w1.end(), Action{K::kSendGradient, 1, 1}));
+  auto& w0 = schedule.actions[0];
+  w0.erase(std::find(w0.begin(), w0.end(), Action{K::kRecvGradient, 1, 0}));
+  w0.erase(std::find(w0.begin(), w0.end(), Action{K::kBackward, 1, 0}));
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "it never runs Backward(microbatch=1, stage=0)");
+}
+
+TEST(ScheduleValidateTest, RejectsUnreceivedMessage) {
+  const Schedule schedule =
+      two_stages({{K::kForward, 0, 0}, {K::kSendActivation, 0, 0}, {K::kBackward, 0, 0}},
+                 {{K::kForward, 0, 1}});
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "Forward(microbatch=0, stage=1): uses the activation");
+}
+
+TEST(ScheduleValidateTest, RejectsSendWithoutNeighbour) {
+  const Schedule schedule = two_stages({{K::kForward, 0, 0}, {K::kSendGradient, 0, 0}}, {});
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "SendGradient(microbatch=0, stage=0): stage 0 has no previous stage");
+}
+
+}  // namespace
+}  // namespace schedule
+}  // namespace gpipe
