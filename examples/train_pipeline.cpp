@@ -1,7 +1,8 @@
 // Trains a classifier on a synthetic two-spirals data set, pipelined over partitions with GPipe,
 // and prints the loss, accuracy and time as it goes.
 //
-//   train_pipeline [--steps N] [--partitions P] [--chunks M] [--checkpoint always|except_last|never]
+//   train_pipeline [--steps N] [--partitions P] [--chunks M] [--checkpoint
+//   always|except_last|never]
 #include <gpipe/gpipe.h>
 #include <torch/torch.h>
 
@@ -33,7 +34,7 @@ std::pair<torch::nn::Sequential, std::vector<int64_t>> make_model(int64_t partit
   }
   model->push_back(torch::nn::Linear(hidden, 2));
   std::vector<int64_t> balance(partitions, 4);  // 2 blocks (4 layers) each...
-  balance.back() += 1;                           // ...and the output layer on the last
+  balance.back() += 1;                          // ...and the output layer on the last
   return {model, balance};
 }
 

@@ -110,8 +110,7 @@ struct CheckpointState : torch::CustomClassHolder {
 namespace {
 
 c10::intrusive_ptr<CheckpointState> state_of(AutogradContext* ctx) {
-  return c10::static_intrusive_pointer_cast<CheckpointState>(
-      ctx->saved_data["state"].toCapsule());
+  return c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
 }
 
 // [2] in pipeline.h: computes under no-grad (Function::apply disables it), keeping nothing.

@@ -24,9 +24,7 @@ at::Tensor& Batch::operator[](size_t index) {
   return values_[index];
 }
 
-const at::Tensor& Batch::operator[](size_t index) const {
-  return const_cast<Batch&>(*this)[index];
-}
+const at::Tensor& Batch::operator[](size_t index) const { return const_cast<Batch&>(*this)[index]; }
 
 void Batch::set_tensors(std::vector<at::Tensor> tensors) {
   TORCH_CHECK_INDEX(!atomic_ || tensors.size() == 1,
@@ -38,7 +36,8 @@ void Batch::set_tensors(std::vector<at::Tensor> tensors) {
 Batch Batch::call(torch::nn::Sequential& sequential, const std::string& what) const {
   TORCH_CHECK_VALUE(!sequential->is_empty(), "cannot call ", what, ": it has no layers");
   auto layer = sequential->begin();
-  torch::nn::AnyValue value = atomic_ ? layer->any_forward(values_[0]) : layer->any_forward(values_);
+  torch::nn::AnyValue value =
+      atomic_ ? layer->any_forward(values_[0]) : layer->any_forward(values_);
   for (++layer; layer != sequential->end(); ++layer) value = layer->any_forward(std::move(value));
   return from_value(std::move(value), what);
 }
@@ -85,7 +84,8 @@ Batch gather(const std::vector<Batch>& outputs) {
   TORCH_INTERNAL_ASSERT(!outputs.empty());
   const Batch& first = outputs[0];
   auto describe = [](const Batch& b) {
-    return b.atomic() ? std::string("a Tensor") : "a list of " + std::to_string(b.size()) + " tensors";
+    return b.atomic() ? std::string("a Tensor")
+                      : "a list of " + std::to_string(b.size()) + " tensors";
   };
   for (const auto k : c10::irange(outputs.size())) {
     TORCH_CHECK_TYPE(outputs[k].atomic() == first.atomic() && outputs[k].size() == first.size(),

@@ -35,8 +35,8 @@ void verify_module(torch::nn::Sequential& module) {
   for (const auto a : c10::irange(children.size())) {
     for (const auto b : c10::irange(a)) {
       TORCH_CHECK_VALUE(children[a] != children[b],
-                        "module with duplicate children is not supported (children ", b, " and ",
-                        a, " are the same module)");
+                        "module with duplicate children is not supported (children ", b, " and ", a,
+                        " are the same module)");
     }
   }
   std::unordered_map<const c10::TensorImpl*, size_t> owner;
@@ -77,8 +77,8 @@ GPipeOptions::GPipeOptions(std::vector<int64_t> balance) : balance_(std::move(ba
 
 GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
     : options_(std::move(options)) {
-  TORCH_CHECK_VALUE(options_.chunks() > 0, "number of chunks must be positive integer (chunks: ",
-                    options_.chunks(), ")");
+  TORCH_CHECK_VALUE(options_.chunks() > 0,
+                    "number of chunks must be positive integer (chunks: ", options_.chunks(), ")");
   const auto mode = options_.checkpoint();
   TORCH_CHECK_VALUE(mode == CheckpointMode::kAlways || mode == CheckpointMode::kExceptLast ||
                         mode == CheckpointMode::kNever,
@@ -142,8 +142,8 @@ GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
 GPipeImpl::~GPipeImpl() = default;
 
 std::shared_ptr<torch::nn::Module> GPipeImpl::ptr(size_t index) const {
-  TORCH_CHECK_INDEX(index < layers_.size(), "index ", index, " is out of range (size: ",
-                    layers_.size(), ")");
+  TORCH_CHECK_INDEX(index < layers_.size(), "index ", index,
+                    " is out of range (size: ", layers_.size(), ")");
   return layers_[index];
 }
 
@@ -159,9 +159,8 @@ Batch GPipeImpl::run(const Batch& input) {
 
   check(input);
   for (const auto k : c10::irange(input.size())) {
-    TORCH_CHECK_VALUE(input[k].device() == devices_[0],
-                      "input tensor ", k, " is on ", input[k].device(),
-                      ", but the first partition is on ", devices_[0]);
+    TORCH_CHECK_VALUE(input[k].device() == devices_[0], "input tensor ", k, " is on ",
+                      input[k].device(), ", but the first partition is on ", devices_[0]);
   }
 
   std::vector<Batch> batches = scatter(input, options_.chunks());

@@ -22,7 +22,8 @@ std::vector<std::vector<Step>> clock_cycles(size_t m, size_t n) {
   if (m == 0 || n == 0) return clocks;
   for (size_t k = 0; k < m + n - 1; ++k) {
     std::vector<Step> clock;
-    for (size_t j = k + 1 > m ? k + 1 - m : 0; j < std::min(k + 1, n); ++j) clock.push_back({k - j, j});
+    for (size_t j = k + 1 > m ? k + 1 - m : 0; j < std::min(k + 1, n); ++j)
+      clock.push_back({k - j, j});
     clocks.push_back(std::move(clock));
   }
   return clocks;
@@ -44,8 +45,8 @@ bool both_cpu(const c10::Stream& a, const c10::Stream& b) { return is_cpu(a) && 
 
 Pipeline::Pipeline(std::vector<Batch>& batches, std::vector<torch::nn::Sequential>& partitions,
                    std::vector<c10::Device> devices,
-                   std::vector<std::vector<c10::Stream>> copy_streams,
-                   std::vector<Worker*> workers, size_t checkpoint_stop)
+                   std::vector<std::vector<c10::Stream>> copy_streams, std::vector<Worker*> workers,
+                   size_t checkpoint_stop)
     : batches_(batches),
       partitions_(partitions),
       devices_(std::move(devices)),
@@ -93,7 +94,9 @@ void Pipeline::compute(const std::vector<Step>& clock) {
     auto& partition = partitions_[j];
     const std::string what = "partition " + std::to_string(j);
     if (i < checkpoint_stop_) {
-      auto function = [&partition, what](const Batch& input) { return input.call(partition, what); };
+      auto function = [&partition, what](const Batch& input) {
+        return input.call(partition, what);
+      };
       auto checkpointing = std::make_shared<Checkpointing>(std::move(function), batch);
       task.compute = [checkpointing] { return checkpointing->checkpoint(); };
       task.finalize = [checkpointing](Batch& output) { checkpointing->recompute(output); };

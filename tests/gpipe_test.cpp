@@ -47,10 +47,9 @@ TEST(GPipeTest, Parameters) {
 }
 
 TEST(GPipeTest, PublicAttrs) {
-  GPipe model(Sequential(Linear(1, 1)), GPipeOptions({1})
-                                            .devices({torch::kCPU})
-                                            .chunks(42)
-                                            .checkpoint(CheckpointMode::kAlways));
+  GPipe model(
+      Sequential(Linear(1, 1)),
+      GPipeOptions({1}).devices({torch::kCPU}).chunks(42).checkpoint(CheckpointMode::kAlways));
   EXPECT_EQ(model->balance(), std::vector<int64_t>{1});
   EXPECT_EQ(model->devices(), std::vector<c10::Device>{torch::kCPU});
   EXPECT_EQ(model->chunks(), 42);
@@ -231,7 +230,8 @@ TEST(GPipeTest, UsableAfterError) {
 }
 
 struct TwoImpl : torch::nn::Module {
-  TwoImpl() : fc_a(register_module("fc_a", Linear(1, 1))), fc_b(register_module("fc_b", Linear(1, 1))) {}
+  TwoImpl()
+      : fc_a(register_module("fc_a", Linear(1, 1))), fc_b(register_module("fc_b", Linear(1, 1))) {}
   std::vector<torch::Tensor> forward(std::vector<torch::Tensor> a_and_b) {
     return {fc_a(a_and_b.at(0)), fc_b(a_and_b.at(1))};
   }
@@ -252,7 +252,9 @@ TEST(GPipeTest, InputPair) {
 
 struct OneImpl : torch::nn::Module {
   OneImpl() : fc(register_module("fc", Linear(1, 1))) {}
-  std::vector<torch::Tensor> forward(std::vector<torch::Tensor> only_a) { return {fc(only_a.at(0))}; }
+  std::vector<torch::Tensor> forward(std::vector<torch::Tensor> only_a) {
+    return {fc(only_a.at(0))};
+  }
   Linear fc;
 };
 TORCH_MODULE(One);
@@ -271,10 +273,9 @@ TEST(GPipeTest, InputSingleton) {
 // reference silently truncates to the shortest).
 TEST(GPipeTest, InputPairDifferentBatchSizes) {
   GPipe model(Sequential(Two()), GPipeOptions({1}).chunks(2));
-  GPIPE_EXPECT_THROW_WITH(
-      model->forward<std::vector<torch::Tensor>>(
-          std::vector<torch::Tensor>{torch::rand({10, 1}), torch::rand({7, 1})}),
-      c10::ValueError, "tensor 0 has 10 and tensor 1 has 7");
+  GPIPE_EXPECT_THROW_WITH(model->forward<std::vector<torch::Tensor>>(std::vector<torch::Tensor>{
+                              torch::rand({10, 1}), torch::rand({7, 1})}),
+                          c10::ValueError, "tensor 0 has 10 and tensor 1 has 7");
 }
 
 TEST(GPipeTest, InputZeroDimensional) {
@@ -329,8 +330,7 @@ TEST(GPipeTest, NonTensorTuple) {
 
 TEST(GPipeTest, NestedListOutput) {
   GPipe model(Sequential(NestedList(), pass()), GPipeOptions({1, 1}).chunks(2));
-  GPIPE_EXPECT_THROW_WITH(model->forward(torch::rand({2, 1})), c10::TypeError,
-                          "from partition 0");
+  GPIPE_EXPECT_THROW_WITH(model->forward(torch::rand({2, 1})), c10::TypeError, "from partition 0");
 }
 
 TEST(GPipeTest, ReturnTypeMismatch) {
@@ -361,7 +361,8 @@ TEST(GPipeTest, Partitions) {
 
 TEST(GPipeTest, DenyMoving) {
   GPipe model(Sequential(Linear(1, 1)), GPipeOptions({1}));
-  const std::string denied = "denied to move parameters and buffers, because GPipe should manage device placement";
+  const std::string denied =
+      "denied to move parameters and buffers, because GPipe should manage device placement";
   GPIPE_EXPECT_THROW_WITH(model->to(torch::kCPU), c10::TypeError, denied);
   GPIPE_EXPECT_THROW_WITH(model->to(torch::kCPU, torch::kDouble), c10::TypeError, denied);
   // Casting dtype is allowed, and the pipeline then runs in it.
@@ -374,7 +375,8 @@ TEST(GPipeTest, EmptyModule) {
   // An empty Sequential is legal: the identity.
   GPipe model(Sequential(), GPipeOptions(std::vector<int64_t>{}));
   EXPECT_TRUE(testing::bitwise_equal(model->forward(torch::tensor(42)), torch::tensor(42)));
-  auto out = model->forward<std::vector<torch::Tensor>>(std::vector<torch::Tensor>{torch::tensor(42)});
+  auto out =
+      model->forward<std::vector<torch::Tensor>>(std::vector<torch::Tensor>{torch::tensor(42)});
   ASSERT_EQ(out.size(), 1u);
   EXPECT_TRUE(testing::bitwise_equal(out[0], torch::tensor(42)));
 }

@@ -79,24 +79,24 @@ void expect_close(const torch::Tensor& got, const torch::Tensor& expected, bool 
 }
 
 void expect_transparent(const std::function<Sequential()>& make, const torch::Tensor& input,
-                        int64_t layers, torch::Dtype dtype, const std::vector<int64_t>& chunk_counts,
-                        bool bitwise) {
+                        int64_t layers, torch::Dtype dtype,
+                        const std::vector<int64_t>& chunk_counts, bool bitwise) {
   torch::manual_seed(0);
   Sequential sequential = make();
   sequential->to(dtype);
   const auto parameters = sequential->parameters();
   const auto x = input.to(dtype);
   torch::Tensor weight = torch::randn_like(sequential->forward(x));
-  const Result expected = run([&](const torch::Tensor& in) { return sequential->forward(in); },
-                              parameters, x, weight);
+  const Result expected =
+      run([&](const torch::Tensor& in) { return sequential->forward(in); }, parameters, x, weight);
 
   for (const auto& balance : every_balance(layers, 4)) {
     for (const int64_t chunks : chunk_counts) {
       for (const auto mode :
            {CheckpointMode::kAlways, CheckpointMode::kExceptLast, CheckpointMode::kNever}) {
         GPipe model(sequential, GPipeOptions(balance).chunks(chunks).checkpoint(mode));
-        const Result got = run([&](const torch::Tensor& in) { return model->forward(in); },
-                               parameters, x, weight);
+        const Result got =
+            run([&](const torch::Tensor& in) { return model->forward(in); }, parameters, x, weight);
         std::ostringstream what;
         what << "balance " << c10::IntArrayRef(balance) << " chunks " << chunks << " " << mode;
         expect_close(got.output, expected.output, bitwise, what.str() + " output");
@@ -155,7 +155,8 @@ TEST(TransparencyTest, ConvNetEveryBalanceChunksAndMode) {
 TEST(TransparencyTest, DropoutMasksSurviveRecomputation) {
   torch::manual_seed(0);
   Sequential sequential(torch::nn::Linear(8, 16), torch::nn::Dropout(0.5), torch::nn::ReLU(),
-                        torch::nn::Linear(16, 16), torch::nn::Dropout(0.3), torch::nn::Linear(16, 4));
+                        torch::nn::Linear(16, 16), torch::nn::Dropout(0.3),
+                        torch::nn::Linear(16, 4));
   sequential->to(torch::kDouble);
   const auto parameters = sequential->parameters();
   const auto input = torch::randn({12, 8}, torch::kDouble);
@@ -229,7 +230,8 @@ TEST(TransparencyTest, InputsNotRequiringGradAndIntegerOutputs) {
     linear->weight.mutable_grad().reset();
   }
   GPipe split(Sequential(std::make_shared<SplitImpl>()), GPipeOptions({1}).chunks(2));
-  auto outputs = split->forward<std::vector<torch::Tensor>>(torch::randn({4, 3}, torch::requires_grad()));
+  auto outputs =
+      split->forward<std::vector<torch::Tensor>>(torch::randn({4, 3}, torch::requires_grad()));
   EXPECT_TRUE(outputs[0].requires_grad());
   EXPECT_FALSE(outputs[1].requires_grad());
   EXPECT_EQ(outputs[1].scalar_type(), torch::kLong);

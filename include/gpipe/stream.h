@@ -8,10 +8,10 @@
 // Thread safety: every function is safe to call from any thread.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 #include <c10/core/StreamGuard.h>
-#include <ATen/core/Tensor.h>
 
 namespace gpipe {
 namespace detail {
@@ -29,7 +29,8 @@ c10::Stream new_stream(c10::Device device);
 inline bool is_cpu(const c10::Stream& stream) { return stream.device_type() == c10::kCPU; }
 
 /// Makes `source` wait until the work queued on `target` so far completes (the meaning of
-/// torch.cuda.Stream.wait_stream). A CPU source blocks the calling thread; a CPU target needs no wait.
+/// torch.cuda.Stream.wait_stream). A CPU source blocks the calling thread; a CPU target needs no
+/// wait.
 void wait_stream(const c10::Stream& source, const c10::Stream& target);
 
 /// Tells the caching allocator that `tensor`'s memory is in use on `stream`, so it is not reused
