@@ -23,4 +23,4 @@ sudo=""
 if [[ $(id -u) -ne 0 ]]; then sudo=sudo; fi
 echo "setup: installing ${missing[*]}"
 $sudo apt-get update -q
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}"
