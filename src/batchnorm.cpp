@@ -249,12 +249,15 @@ torch::nn::Sequential convert_deferred_batch_norm(torch::nn::Sequential module, 
 
 namespace detail {
 
-void begin_minibatch(torch::nn::Module& module, int64_t microbatches) {
+std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_batch_norms(
+    const torch::nn::Module& module) {
+  std::vector<std::shared_ptr<DeferredBatchNormImpl>> found;
   for (const auto& child : module.modules(/*include_self=*/false)) {
-    if (auto* deferred = dynamic_cast<DeferredBatchNormImpl*>(child.get())) {
-      deferred->begin_minibatch(microbatches);
+    if (auto deferred = std::dynamic_pointer_cast<DeferredBatchNormImpl>(child)) {
+      found.push_back(std::move(deferred));
     }
   }
+  return found;
 }
 
 }  // namespace detail

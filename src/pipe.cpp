@@ -137,6 +137,8 @@ GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
     partition_workers_.push_back(worker->get());
   }
   copy_streams_.resize(partitions_.size());
+  // Also those the user put in the Sequential without deferred_batch_norm(true).
+  deferred_batch_norms_ = detail::deferred_batch_norms(*this);
 }
 
 GPipeImpl::~GPipeImpl() = default;
@@ -166,7 +168,11 @@ Batch GPipeImpl::run(const Batch& input) {
   std::vector<Batch> batches = scatter(input, options_.chunks());
   const size_t m = batches.size();
   // DeferredBatchNorms commit their running statistics after this many micro-batches.
-  if (is_training()) detail::begin_minibatch(*this, static_cast<int64_t>(m));
+  if (is_training()) {
+    for (const auto& deferred : deferred_batch_norms_) {
+      deferred->begin_minibatch(static_cast<int64_t>(m));
+    }
+  }
 
   size_t checkpoint_stop = 0;
   if (is_training() && torch::autograd::GradMode::is_enabled()) {

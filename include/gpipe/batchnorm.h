@@ -128,8 +128,10 @@ torch::nn::Sequential convert_deferred_batch_norm(torch::nn::Sequential module, 
 
 namespace detail {
 
-/// Calls begin_minibatch(microbatches) on every DeferredBatchNorm below `module` (not itself).
-void begin_minibatch(torch::nn::Module& module, int64_t microbatches);
+/// Every DeferredBatchNorm below `module` (not itself), e.g. for GPipe to call
+/// begin_minibatch() on before each training forward.
+std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_batch_norms(
+    const torch::nn::Module& module);
 
 }  // namespace detail
 }  // namespace gpipe

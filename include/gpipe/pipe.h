@@ -32,6 +32,8 @@
 
 namespace gpipe {
 
+class DeferredBatchNormImpl;
+
 /// Which micro-batches are checkpointed in training.
 enum class CheckpointMode {
   kAlways,      ///< every micro-batch
@@ -160,6 +162,8 @@ class GPipeImpl : public torch::nn::Module {
 
   std::mutex forward_mutex_;
   std::vector<std::vector<c10::Stream>> copy_streams_;  // [partition][micro-batch]; guarded by it
+  // The DeferredBatchNorms of the partitions, told each training forward's micro-batch count.
+  std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_batch_norms_;
 };
 
 TORCH_MODULE(GPipe);
