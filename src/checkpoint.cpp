@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <mutex>
+#include <utility>
 
 namespace gpipe {
 namespace {
@@ -17,23 +18,19 @@ namespace {
 thread_local bool checkpointing = false;
 thread_local bool recomputing = false;
 
-// Sets a thread-local flag for a scope.
-class FlagScope {
- public:
-  explicit FlagScope(bool& flag) : flag_(flag), previous_(flag) { flag_ = true; }
-  ~FlagScope() { flag_ = previous_; }
-
- private:
-  bool& flag_;
-  bool previous_;
-};
-
 }  // namespace
 
 bool is_checkpointing() { return checkpointing; }
 bool is_recomputing() { return recomputing; }
 
 namespace detail {
+
+EnableCheckpointing::EnableCheckpointing() : previous_(std::exchange(checkpointing, true)) {}
+EnableCheckpointing::~EnableCheckpointing() { checkpointing = previous_; }
+
+EnableRecomputing::EnableRecomputing() : previous_(std::exchange(recomputing, true)) {}
+EnableRecomputing::~EnableRecomputing() { recomputing = previous_; }
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -120,7 +117,7 @@ struct Checkpoint : torch::autograd::Function<Checkpoint> {
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     state->rng_states = save_rng_states(state->device);
     Batch output = [&] {
-      FlagScope flag(checkpointing);
+      EnableCheckpointing flag;
       return state->function(make_batch(input.vec(), state->input_atomic));
     }();
     state->output_atomic = output.atomic();
@@ -173,7 +170,7 @@ struct Recompute : torch::autograd::Function<Recompute> {
 
     RestoredRngStates rng(state->device, state->rng_states);
     torch::autograd::AutoGradMode enable_grad(true);
-    FlagScope flag(recomputing);
+    EnableRecomputing flag;
     Batch output = state->function(make_batch(leaves, state->input_atomic));
     state->recomputed.emplace(output.tensors(), std::move(leaves));
     return variable_list(2 + input.size());  // the phony, the state, the inputs: none

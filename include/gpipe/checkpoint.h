@@ -36,6 +36,30 @@ Batch checkpoint(BatchFunction function, const Batch& input);
 
 namespace detail {
 
+/// Makes is_checkpointing() true on the calling thread for a scope.
+class EnableCheckpointing {
+ public:
+  EnableCheckpointing();
+  ~EnableCheckpointing();
+  EnableCheckpointing(const EnableCheckpointing&) = delete;
+  EnableCheckpointing& operator=(const EnableCheckpointing&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// Makes is_recomputing() true on the calling thread for a scope.
+class EnableRecomputing {
+ public:
+  EnableRecomputing();
+  ~EnableRecomputing();
+  EnableRecomputing(const EnableRecomputing&) = delete;
+  EnableRecomputing& operator=(const EnableRecomputing&) = delete;
+
+ private:
+  bool previous_;
+};
+
 /// The state shared by the Checkpoint and Recompute nodes of one micro-batch.
 struct CheckpointState;
 

@@ -8,3 +8,4 @@
 #include "gpipe/microbatch.h"
 #include "gpipe/pipe.h"
 #include "gpipe/pipeline.h"
+#include "gpipe/skip/skippable.h"
