@@ -2,6 +2,7 @@
 
 #include "gpipe/batchnorm.h"
 #include "gpipe/pipeline.h"
+#include "gpipe/skip/skippable.h"
 #include "gpipe/stream.h"
 
 #include <c10/util/irange.h>
@@ -85,6 +86,8 @@ GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
                     "checkpoint is not one of 'always', 'except_last', or 'never' (got ",
                     static_cast<int>(mode), ")");
   verify_module(module);
+  // Static, so checked before any forward.
+  skip::verify_skippables(module);
   if (options_.deferred_batch_norm()) {
     module = convert_deferred_batch_norm(module, options_.chunks());
   }
@@ -137,6 +140,7 @@ GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
     partition_workers_.push_back(worker->get());
   }
   copy_streams_.resize(partitions_.size());
+  skip_layout_ = std::make_shared<const skip::SkipLayout>(skip::inspect_skip_layout(partitions_));
   // Also those the user put in the Sequential without deferred_batch_norm(true).
   deferred_batch_norms_ = detail::deferred_batch_norms(*this);
 }
@@ -195,7 +199,7 @@ Batch GPipeImpl::run(const Batch& input) {
   }
 
   detail::Pipeline(batches, partitions_, devices_, std::move(copy_streams), partition_workers_,
-                   checkpoint_stop)
+                   checkpoint_stop, skip_layout_)
       .run();
   return gather(batches);
 }

@@ -46,15 +46,21 @@ bool both_cpu(const c10::Stream& a, const c10::Stream& b) { return is_cpu(a) && 
 Pipeline::Pipeline(std::vector<Batch>& batches, std::vector<torch::nn::Sequential>& partitions,
                    std::vector<c10::Device> devices,
                    std::vector<std::vector<c10::Stream>> copy_streams, std::vector<Worker*> workers,
-                   size_t checkpoint_stop)
+                   size_t checkpoint_stop, std::shared_ptr<const skip::SkipLayout> skip_layout)
     : batches_(batches),
       partitions_(partitions),
       devices_(std::move(devices)),
       copy_streams_(std::move(copy_streams)),
       workers_(std::move(workers)),
       checkpoint_stop_(checkpoint_stop),
+      skip_layout_(std::move(skip_layout)),
       caller_(std::make_shared<at::ThreadLocalState>()) {
   for (const auto& device : devices_) compute_streams_.push_back(current_stream(device));
+  if (skip_layout_ && !skip_layout_->empty()) {
+    for (size_t i = 0; i < batches_.size(); ++i) {
+      skip_trackers_.push_back(std::make_shared<skip::SkipTrackerThroughPortals>(skip_layout_));
+    }
+  }
 }
 
 void Pipeline::run() {
@@ -68,9 +74,16 @@ void Pipeline::fence(const std::vector<Step>& clock) {
   for (const auto& [i, j] : clock) {
     // Micro-batch i-1 is differentiated after micro-batch i.
     if (i != 0) depend(batches_[i - 1], batches_[i]);
+    const auto& next = copy_streams_[j][i];
+    // Skip tensors come straight from the partition that stashed them.
+    if (!skip_trackers_.empty()) {
+      for (const auto& route : skip_layout_->copy_policy(j)) {
+        const auto& prev = copy_streams_[route.stash_partition][i];
+        if (!both_cpu(prev, next)) skip_trackers_[i]->copy(batches_[i], prev, next, route.key);
+      }
+    }
     if (j != 0) {
       const auto& prev = copy_streams_[j - 1][i];
-      const auto& next = copy_streams_[j][i];
       if (!both_cpu(prev, next)) batches_[i].set_tensors(copy(batches_[i].tensors(), prev, next));
     }
   }
@@ -93,15 +106,20 @@ void Pipeline::compute(const std::vector<Step>& clock) {
     task.caller = caller_;
     auto& partition = partitions_[j];
     const std::string what = "partition " + std::to_string(j);
-    if (i < checkpoint_stop_) {
-      auto function = [&partition, what](const Batch& input) {
-        return input.call(partition, what);
+    BatchFunction function;
+    if (skip_trackers_.empty()) {
+      function = [&partition, what](const Batch& input) { return input.call(partition, what); };
+    } else {
+      function = [&partition, what, j, tracker = skip_trackers_[i]](const Batch& input) {
+        return skip::detail::call_with_skips(input, partition, j, tracker, what);
       };
+    }
+    if (i < checkpoint_stop_) {
       auto checkpointing = std::make_shared<Checkpointing>(std::move(function), batch);
       task.compute = [checkpointing] { return checkpointing->checkpoint(); };
       task.finalize = [checkpointing](Batch& output) { checkpointing->recompute(output); };
     } else {
-      task.compute = [&partition, batch, what] { return batch.call(partition, what); };
+      task.compute = [function = std::move(function), batch] { return function(batch); };
     }
     // [2] Compute on the partition's worker, in parallel with the other partitions; CPU tasks
     // wait until every worker has its task.

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "gpipe/microbatch.h"
+#include "gpipe/skip/layout.h"
 #include "gpipe/worker.h"
 
 #include <c10/core/Device.h>
@@ -88,7 +89,8 @@ class GPipeImpl : public torch::nn::Module {
  public:
   /// Splits `module` by `options.balance()` and moves partition j to `options.devices()[j]`.
   /// Throws c10::ValueError for a bad balance, chunk count, checkpoint mode, or a module whose
-  /// children or parameters repeat; c10::IndexError for too few devices.
+  /// children or parameters repeat; c10::IndexError for too few devices; c10::TypeError when
+  /// the stashes and pops of its skippable layers do not pair up (skip::verify_skippables).
   GPipeImpl(torch::nn::Sequential module, GPipeOptions options);
   ~GPipeImpl() override;
 
@@ -125,6 +127,8 @@ class GPipeImpl : public torch::nn::Module {
   const std::vector<torch::nn::Sequential>& partitions() const { return partitions_; }
   /// The device of each partition.
   const std::vector<c10::Device>& devices() const { return devices_; }
+  /// Where each skip connection (skip/skippable.h) starts and ends.
+  const skip::SkipLayout& skip_layout() const { return *skip_layout_; }
 
   /// Number of layers, as in the Sequential that was split.
   size_t size() const { return layers_.size(); }
@@ -162,6 +166,8 @@ class GPipeImpl : public torch::nn::Module {
 
   std::mutex forward_mutex_;
   std::vector<std::vector<c10::Stream>> copy_streams_;  // [partition][micro-batch]; guarded by it
+  // Where the skip connections of the partitions start and end.
+  std::shared_ptr<const skip::SkipLayout> skip_layout_;
   // The DeferredBatchNorms of the partitions, told each training forward's micro-batch count.
   std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_batch_norms_;
 };

@@ -31,13 +31,17 @@
 //       └─────┰──────┘
 //
 // Without checkpointing, [2] is a plain call and [4] is absent. Between CPU partitions Copy and
-// Wait have nothing to do and are left out.
+// Wait have nothing to do and are left out. Skip connections between partitions travel beside
+// this lane through portals (skip/portal.h): hidden after [2] of the stashing partition, copied at
+// the fence of the popping one, taken out before its [2].
 //
 // Thread safety: Pipeline::run is called by one thread, which owns the batches; tasks run on the
 // workers given.
 #pragma once
 
 #include "gpipe/microbatch.h"
+#include "gpipe/skip/layout.h"
+#include "gpipe/skip/tracker.h"
 #include "gpipe/worker.h"
 
 #include <c10/core/Stream.h>
@@ -73,10 +77,11 @@ class Pipeline {
  public:
   /// `copy_streams[j][i]` is the stream that micro-batch i arrives on at partition j;
   /// `workers[j]` computes partition j, or the calling thread where it is null. Micro-batches
-  /// i < checkpoint_stop are checkpointed.
+  /// i < checkpoint_stop are checkpointed. Skips follow `skip_layout` (none if null or empty).
   Pipeline(std::vector<Batch>& batches, std::vector<torch::nn::Sequential>& partitions,
            std::vector<c10::Device> devices, std::vector<std::vector<c10::Stream>> copy_streams,
-           std::vector<Worker*> workers, size_t checkpoint_stop);
+           std::vector<Worker*> workers, size_t checkpoint_stop,
+           std::shared_ptr<const skip::SkipLayout> skip_layout = nullptr);
 
   /// Runs every clock. The first exception of any task is rethrown once the tasks of its clock
   /// have finished; later clocks do not run.
@@ -93,6 +98,9 @@ class Pipeline {
   std::vector<c10::Stream> compute_streams_;
   std::vector<Worker*> workers_;
   size_t checkpoint_stop_;
+  std::shared_ptr<const skip::SkipLayout> skip_layout_;
+  // One per micro-batch when the model has skips, else empty.
+  std::vector<std::shared_ptr<skip::SkipTrackerThroughPortals>> skip_trackers_;
   std::shared_ptr<const at::ThreadLocalState> caller_;
 };
 

@@ -2,6 +2,8 @@
 
 #include "gpipe/schedule/thread_transport.h"
 #include "gpipe/schedule/validate.h"
+#include "gpipe/skip/layout.h"
+#include "gpipe/skip/skippable.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -86,8 +88,24 @@ PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, Lo
     stages_.push_back(
         std::make_unique<Stage>(s, S, std::move(stages[s]), devices[s], options_.checkpoint()));
   }
+  verify_skips_within_stages();
   // Fails early for a schedule that cannot run these stages.
   plan(1);
+}
+
+void PipelineSchedule::verify_skips_within_stages() const {
+  // Portals carry skips between GPipe's partitions; stages here keep theirs to themselves.
+  std::vector<torch::nn::Sequential> modules;
+  for (const auto& stage : stages_) modules.push_back(stage->module());
+  const skip::SkipLayout layout = skip::inspect_skip_layout(modules);
+  for (const auto s : c10::irange(modules.size())) {
+    for (const auto& route : layout.stashed_in(s)) {
+      TORCH_CHECK_VALUE(route.pop_partition == s, "skip '", route.key.second,
+                        "' is stashed in stage ", s, " and popped in stage ", route.pop_partition,
+                        ", but explicit schedules carry skip connections only within a stage");
+    }
+    skip::verify_skippables(modules[s]);
+  }
 }
 
 PipelineSchedule::PipelineSchedule(const torch::nn::Sequential& module,

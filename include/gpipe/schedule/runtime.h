@@ -103,8 +103,8 @@ struct PipelineScheduleOptions {
 class PipelineSchedule {
  public:
   /// One Sequential per stage, in order. Throws c10::ValueError for no stages, an empty stage,
-  /// a stage count that the schedule cannot run, or a non-positive option; c10::IndexError for
-  /// too few devices.
+  /// a stage count that the schedule cannot run, a non-positive option, or a skip connection
+  /// (skip/skippable.h) between stages; c10::IndexError for too few devices.
   PipelineSchedule(std::vector<torch::nn::Sequential> stages, LossFunction loss,
                    PipelineScheduleOptions options);
 
@@ -135,6 +135,9 @@ class PipelineSchedule {
   int64_t max_live_microbatches(int64_t index) const;
 
  private:
+  // Throws c10::ValueError for a skip connection between stages, c10::TypeError for stashes
+  // and pops that do not pair up within a stage.
+  void verify_skips_within_stages() const;
   // The cached schedule for `num_microbatches`. REQUIRES: mutex_ held.
   const Schedule& plan(int64_t num_microbatches);
   void run_worker(int64_t worker, const Schedule& schedule, const std::vector<Batch>& inputs,
