@@ -23,19 +23,37 @@ std::atomic<bool> g_installed{false};
 c10::Allocator* g_inner = nullptr;            // set once, before the wrapper is installed
 c10::DeleterFnPtr g_inner_deleter = nullptr;  // g_inner->raw_deleter()
 
-void add(int64_t bytes) {
-  const int64_t now = g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-  int64_t peak = g_peak.load(std::memory_order_relaxed);
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+// Per tag, like the totals; the header of each allocation remembers its tag (-1: none).
+std::atomic<int64_t> g_tag_current[kMaxTags];
+std::atomic<int64_t> g_tag_peak[kMaxTags];
+thread_local int64_t t_tag = -1;
+
+void add(std::atomic<int64_t>& current, std::atomic<int64_t>& peak_of, int64_t bytes) {
+  const int64_t now = current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  int64_t peak = peak_of.load(std::memory_order_relaxed);
+  while (now > peak && !peak_of.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
+}
+
+void add(int64_t bytes, int64_t tag) {
+  add(g_current, g_peak, bytes);
+  if (tag >= 0) add(g_tag_current[tag], g_tag_peak[tag], bytes);
+}
+
+void check_tag(int64_t tag) {
+  TORCH_CHECK_INDEX(tag >= 0 && tag < kMaxTags, "memory tag ", tag, " is out of range [0, ",
+                    kMaxTags, ")");
 }
 
 void tracked_delete(void* data) {
   if (data == nullptr) return;
   char* base = static_cast<char*>(data) - kHeader;
   int64_t bytes = 0;
+  int64_t tag = -1;
   std::memcpy(&bytes, base, sizeof(bytes));
+  std::memcpy(&tag, base + sizeof(bytes), sizeof(tag));
   g_current.fetch_sub(bytes, std::memory_order_relaxed);
+  if (tag >= 0) g_tag_current[tag].fetch_sub(bytes, std::memory_order_relaxed);
   g_inner_deleter(base);
 }
 
@@ -49,8 +67,10 @@ class TrackingCPUAllocator final : public c10::Allocator {
                           "the wrapped CPU allocator returned a context that is not its data");
     char* base = static_cast<char*>(inner.release_context());
     const auto bytes = static_cast<int64_t>(nbytes);
+    const int64_t tag = t_tag;
     std::memcpy(base, &bytes, sizeof(bytes));
-    add(bytes);
+    std::memcpy(base + sizeof(bytes), &tag, sizeof(tag));
+    add(bytes, tag);
     return {base + kHeader, base + kHeader, &tracked_delete, cpu};
   }
 
@@ -92,8 +112,31 @@ int64_t cpu_current_bytes() { return g_current.load(std::memory_order_relaxed); 
 int64_t cpu_peak_bytes() { return g_peak.load(std::memory_order_relaxed); }
 
 void reset_cpu_peak() {
+  // add(0) after each store: an allocation that raced with the store raises the peak again.
   g_peak.store(g_current.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  add(0);  // an allocation that raced with the store raises the peak again
+  add(g_current, g_peak, 0);
+  for (int64_t tag = 0; tag < kMaxTags; ++tag) {
+    g_tag_peak[tag].store(g_tag_current[tag].load(std::memory_order_relaxed),
+                          std::memory_order_relaxed);
+    add(g_tag_current[tag], g_tag_peak[tag], 0);
+  }
+}
+
+ScopedTag::ScopedTag(int64_t tag) : previous_(t_tag) {
+  check_tag(tag);
+  t_tag = tag;
+}
+
+ScopedTag::~ScopedTag() { t_tag = previous_; }
+
+int64_t cpu_current_bytes(int64_t tag) {
+  check_tag(tag);
+  return g_tag_current[tag].load(std::memory_order_relaxed);
+}
+
+int64_t cpu_peak_bytes(int64_t tag) {
+  check_tag(tag);
+  return g_tag_peak[tag].load(std::memory_order_relaxed);
 }
 
 }  // namespace memory

@@ -89,5 +89,39 @@ TEST(MemoryTest, ThreadsCountExactly) {
   EXPECT_LE(cpu_peak_bytes() - before, kThreads * (1024 + 1024));
 }
 
+TEST(MemoryTest, TagsCountWhatTheirThreadAllocated) {
+  memory::install_tracking_cpu_allocator();
+  memory::reset_cpu_peak();
+  const int64_t before3 = cpu_current_bytes(3);
+  const int64_t before5 = cpu_current_bytes(5);
+  torch::Tensor kept;
+  {
+    memory::ScopedTag stage3(3);
+    torch::Tensor a = torch::empty({1000}, torch::kByte);
+    kept = torch::empty({200}, torch::kByte);
+    {
+      memory::ScopedTag stage5(5);
+      torch::Tensor b = torch::empty({50}, torch::kByte);
+      EXPECT_EQ(cpu_current_bytes(5) - before5, 50);
+      EXPECT_EQ(cpu_current_bytes(3) - before3, 1200);  // nested: only the innermost tag counts
+    }
+    EXPECT_EQ(cpu_peak_bytes(5) - before5, 50);
+  }
+  torch::Tensor untagged = torch::empty({4000}, torch::kByte);
+  EXPECT_EQ(cpu_current_bytes(3) - before3, 200);
+  EXPECT_EQ(cpu_peak_bytes(3) - before3, 1200);
+  // Freed on another thread: still returned to the tag that allocated it.
+  std::thread([moved = std::move(kept)]() mutable { moved = torch::Tensor(); }).join();
+  EXPECT_EQ(cpu_current_bytes(3), before3);
+  memory::reset_cpu_peak();
+  EXPECT_EQ(cpu_peak_bytes(3), before3);
+}
+
+TEST(MemoryTest, TagOutOfRange) {
+  GPIPE_EXPECT_THROW_WITH((void)memory::ScopedTag(memory::kMaxTags), c10::IndexError,
+                          "memory tag 64 is out of range [0, 64)");
+  GPIPE_EXPECT_THROW_WITH(memory::cpu_peak_bytes(-1), c10::IndexError, "memory tag -1");
+}
+
 }  // namespace
 }  // namespace gpipe

@@ -36,8 +36,31 @@ int64_t cpu_current_bytes();
 /// The highest cpu_current_bytes() since installation or the last reset_cpu_peak().
 int64_t cpu_peak_bytes();
 
-/// Sets the peak to the current bytes, to measure the peak of what follows.
+/// Sets the peak to the current bytes, to measure the peak of what follows; also every tag's.
 void reset_cpu_peak();
+
+/// Tags attribute memory to a part of a program, e.g. a pipeline stage: a CPU allocation made
+/// on a thread inside a ScopedTag(t) counts toward tag t until it is freed, on whichever thread.
+/// Tags are 0 <= t < kMaxTags; untagged allocations count only toward the totals above.
+constexpr int64_t kMaxTags = 64;
+
+/// Tags this thread's allocations with `tag` until destroyed, then restores the previous tag.
+/// Throws c10::IndexError unless 0 <= tag < kMaxTags.
+class ScopedTag {
+ public:
+  explicit ScopedTag(int64_t tag);
+  ~ScopedTag();
+  ScopedTag(const ScopedTag&) = delete;
+  ScopedTag& operator=(const ScopedTag&) = delete;
+
+ private:
+  int64_t previous_;
+};
+
+/// Bytes allocated under `tag` and not yet freed; the highest of that since installation or the
+/// last reset_cpu_peak(). Throw c10::IndexError unless 0 <= tag < kMaxTags.
+int64_t cpu_current_bytes(int64_t tag);
+int64_t cpu_peak_bytes(int64_t tag);
 
 }  // namespace memory
 }  // namespace gpipe
