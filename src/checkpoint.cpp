@@ -2,6 +2,7 @@
 
 #include "gpipe/dependency.h"
 #include "gpipe/phony.h"
+#include "gpipe/trace.h"
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
@@ -171,6 +172,7 @@ struct Recompute : torch::autograd::Function<Recompute> {
     RestoredRngStates rng(state->device, state->rng_states);
     torch::autograd::AutoGradMode enable_grad(true);
     EnableRecomputing flag;
+    trace::TraceSpan span("recompute");
     Batch output = state->function(make_batch(leaves, state->input_atomic));
     state->recomputed.emplace(output.tensors(), std::move(leaves));
     return variable_list(2 + input.size());  // the phony, the state, the inputs: none

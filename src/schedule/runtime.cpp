@@ -1,5 +1,6 @@
 #include "gpipe/schedule/runtime.h"
 
+#include "gpipe/memory.h"
 #include "gpipe/schedule/thread_transport.h"
 #include "gpipe/schedule/validate.h"
 #include "gpipe/skip/layout.h"
@@ -11,6 +12,7 @@
 
 #include <exception>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -30,6 +32,25 @@ std::ostream& operator<<(std::ostream& out, LossReduction reduction) {
 PipelineScheduleOptions::PipelineScheduleOptions(int64_t chunks) : chunks_(chunks) {}
 
 namespace {
+
+// The name of an action's task in traces.
+const char* trace_name(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kForward:
+      return "forward";
+    case ActionKind::kBackward:
+      return "backward";
+    case ActionKind::kSendActivation:
+      return "send_activation";
+    case ActionKind::kRecvActivation:
+      return "recv_activation";
+    case ActionKind::kSendGradient:
+      return "send_gradient";
+    case ActionKind::kRecvGradient:
+      return "recv_gradient";
+  }
+  return "action";
+}
 
 std::vector<torch::nn::Sequential> split(const torch::nn::Sequential& module,
                                          const std::vector<int64_t>& balance) {
@@ -163,9 +184,13 @@ void PipelineSchedule::run_worker(int64_t worker, const Schedule& schedule,
     from.erase(it);
     return batch;
   };
+  trace::UseTracer use_tracer(options_.tracer().get(), worker, steps_);
   for (const Action& a : schedule.actions[worker]) {
     Stage& stage = *stages_[a.stage];
     const int64_t i = a.microbatch;
+    std::optional<memory::ScopedTag> tag;
+    if (a.stage < memory::kMaxTags) tag.emplace(a.stage);
+    trace::TraceSpan span(trace_name(a.kind), a.stage, i);
     switch (a.kind) {
       case ActionKind::kRecvActivation:
         received_inputs.emplace(key(a), transport.recv(a.stage - 1, a.stage, i));
@@ -239,6 +264,7 @@ at::Tensor PipelineSchedule::step(const Batch& input, const Batch& target) {
     });
   }
   for (auto& thread : threads) thread.join();
+  ++steps_;
   if (error) {
     for (auto& stage : stages_) stage->clear();
     std::rethrow_exception(error);

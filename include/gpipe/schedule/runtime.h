@@ -36,6 +36,7 @@
 #include "gpipe/schedule/generators.h"
 #include "gpipe/schedule/stage.h"
 #include "gpipe/schedule/transport.h"
+#include "gpipe/trace.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -97,6 +98,10 @@ struct PipelineScheduleOptions {
   /// Messages each edge between stages holds before a send waits; 0 for the number of
   /// micro-batches (sends never wait). Default: 0.
   TORCH_ARG(int64_t, queue_capacity) = 0;
+
+  /// Records every action of every step (trace.h), e.g. for a timeline; null for none. Actions
+  /// also tag their CPU allocations with their stage (memory.h). Default: null.
+  TORCH_ARG(std::shared_ptr<trace::Tracer>, tracer) = nullptr;
 };
 
 /// A model trained with an explicit pipeline schedule.
@@ -149,6 +154,7 @@ class PipelineSchedule {
   PipelineScheduleOptions options_;
   int64_t num_workers_;
   std::map<int64_t, Schedule> schedules_;  // by number of micro-batches
+  int64_t steps_ = 0;                      // step() calls so far, to name steps in traces
   std::mutex mutex_;                       // serializes step()
 };
 

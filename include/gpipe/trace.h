@@ -1,0 +1,111 @@
+// Tracing: a timeline of pipeline tasks - which worker ran which stage's forward, backward,
+// recompute, send or receive of which micro-batch, and when - kept in memory and written as a
+// Chrome/Perfetto trace (JSON) or as an SVG picture.
+//
+// A Tracer collects events. A thread that works for a pipeline installs one with UseTracer
+// (naming its worker row and the training step); every TraceSpan on that thread then records
+// the time from its construction to its destruction. Without a tracer on the thread a TraceSpan
+// costs one thread-local read.
+//
+// Thread safety: Tracer::record and Tracer::events may be called from any thread (a mutex guards
+// the events). UseTracer and TraceSpan act on the calling thread only.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace gpipe {
+namespace trace {
+
+/// One task: `name` ("forward", "backward", "recompute", "send", "recv", ...) of `microbatch`
+/// on `stage`, run by `worker` during training step `step`, from `begin_us` to `end_us`
+/// (microseconds since the tracer was made).
+struct Event {
+  std::string name;
+  int64_t worker = 0;
+  int64_t stage = 0;
+  int64_t microbatch = 0;
+  int64_t step = 0;
+  double begin_us = 0;
+  double end_us = 0;
+};
+
+/// Collects events.
+class Tracer {
+ public:
+  Tracer();
+
+  /// Microseconds since this tracer was made.
+  double now_us() const;
+
+  void record(Event event);
+
+  /// Every event recorded so far, in the order recorded.
+  std::vector<Event> events() const;
+
+  void clear();
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+  mutable std::mutex mutex_;
+  std::vector<Event> events_;  // guarded by mutex_
+};
+
+/// Makes `tracer` (may be null: no tracing) the calling thread's tracer, recording as `worker`
+/// in `step`, until destroyed; then restores the previous one.
+class UseTracer {
+ public:
+  UseTracer(Tracer* tracer, int64_t worker, int64_t step);
+  ~UseTracer();
+  UseTracer(const UseTracer&) = delete;
+  UseTracer& operator=(const UseTracer&) = delete;
+
+ private:
+  Tracer* previous_tracer_;
+  int64_t previous_worker_;
+  int64_t previous_step_;
+};
+
+/// Records one event of the calling thread's tracer, if it has one, from now until destroyed.
+/// `name` must outlive the span (a string literal). A negative stage or micro-batch means that
+/// of the enclosing span on this thread (e.g. a recompute inside the backward of a stage).
+class TraceSpan {
+ public:
+  TraceSpan(const char* name, int64_t stage = -1, int64_t microbatch = -1);
+  ~TraceSpan();
+  TraceSpan(const TraceSpan&) = delete;
+  TraceSpan& operator=(const TraceSpan&) = delete;
+
+ private:
+  Tracer* tracer_;
+  const char* name_;
+  int64_t stage_;
+  int64_t microbatch_;
+  int64_t enclosing_stage_;
+  int64_t enclosing_microbatch_;
+  double begin_us_ = 0;
+};
+
+/// True for the events that compute: "forward" and the "backward..." kinds (a "recompute" runs
+/// inside a backward and is not counted twice).
+bool is_compute(const Event& event);
+
+/// The share of worker time spent idle during steps: 1 - (compute time) / (workers x span of
+/// each step), summed over steps. 0 with no events.
+double bubble_fraction(const std::vector<Event>& events);
+
+/// Writes `events` in the Chrome trace event format (chrome://tracing, ui.perfetto.dev): one
+/// complete ("X") event per task on thread `worker`, with stage, micro-batch and step as args,
+/// and one thread-name metadata ("M") event per worker.
+void write_chrome_trace(const std::vector<Event>& events, std::ostream& out);
+
+/// Writes `events` as an SVG timeline: a row per worker, a box per task, colored by kind and
+/// labeled with its micro-batch where it fits.
+void write_svg_timeline(const std::vector<Event>& events, std::ostream& out);
+
+}  // namespace trace
+}  // namespace gpipe

@@ -1,0 +1,257 @@
+#include "gpipe/trace.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+
+namespace gpipe {
+namespace trace {
+namespace {
+
+thread_local Tracer* t_tracer = nullptr;
+thread_local int64_t t_worker = 0;
+thread_local int64_t t_step = 0;
+thread_local int64_t t_stage = 0;       // of the innermost span
+thread_local int64_t t_microbatch = 0;  // of the innermost span
+
+// Event names are identifiers, but a caller may record anything: escape what JSON and XML need.
+std::string json_escaped(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    out += c;
+  }
+  return out;
+}
+
+std::string xml_escaped(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    switch (c) {
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string fixed(double value, int digits) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.*f", digits, value);
+  return buffer;
+}
+
+const char* color_of(const std::string& name) {
+  if (name == "forward") return "#4e79a7";
+  if (name == "backward") return "#f28e2b";
+  if (name == "backward_input") return "#e15759";
+  if (name == "backward_weight") return "#edc948";
+  if (name == "recompute") return "#59a14f";
+  return "#bab0ac";  // transfers and anything else
+}
+
+}  // namespace
+
+Tracer::Tracer() : start_(std::chrono::steady_clock::now()) {}
+
+double Tracer::now_us() const {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_)
+      .count();
+}
+
+void Tracer::record(Event event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.push_back(std::move(event));
+}
+
+std::vector<Event> Tracer::events() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_;
+}
+
+void Tracer::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.clear();
+}
+
+UseTracer::UseTracer(Tracer* tracer, int64_t worker, int64_t step)
+    : previous_tracer_(t_tracer), previous_worker_(t_worker), previous_step_(t_step) {
+  t_tracer = tracer;
+  t_worker = worker;
+  t_step = step;
+}
+
+UseTracer::~UseTracer() {
+  t_tracer = previous_tracer_;
+  t_worker = previous_worker_;
+  t_step = previous_step_;
+}
+
+TraceSpan::TraceSpan(const char* name, int64_t stage, int64_t microbatch)
+    : tracer_(t_tracer),
+      name_(name),
+      stage_(stage >= 0 ? stage : t_stage),
+      microbatch_(microbatch >= 0 ? microbatch : t_microbatch),
+      enclosing_stage_(t_stage),
+      enclosing_microbatch_(t_microbatch) {
+  if (tracer_ == nullptr) return;
+  t_stage = stage_;
+  t_microbatch = microbatch_;
+  begin_us_ = tracer_->now_us();
+}
+
+TraceSpan::~TraceSpan() {
+  if (tracer_ == nullptr) return;
+  tracer_->record({name_, t_worker, stage_, microbatch_, t_step, begin_us_, tracer_->now_us()});
+  t_stage = enclosing_stage_;
+  t_microbatch = enclosing_microbatch_;
+}
+
+bool is_compute(const Event& event) {
+  return event.name == "forward" || event.name.rfind("backward", 0) == 0;
+}
+
+double bubble_fraction(const std::vector<Event>& events) {
+  // Per step: its span and the compute time of its workers.
+  std::map<int64_t, std::pair<double, double>> spans;
+  std::map<int64_t, double> busy;
+  std::set<int64_t> workers;
+  for (const auto& e : events) {
+    auto it = spans.find(e.step);
+    if (it == spans.end()) {
+      spans.emplace(e.step, std::make_pair(e.begin_us, e.end_us));
+    } else {
+      it->second.first = std::min(it->second.first, e.begin_us);
+      it->second.second = std::max(it->second.second, e.end_us);
+    }
+    if (is_compute(e)) busy[e.step] += e.end_us - e.begin_us;
+    workers.insert(e.worker);
+  }
+  double available = 0;
+  double used = 0;
+  for (const auto& [step, span] : spans) {
+    available += static_cast<double>(workers.size()) * (span.second - span.first);
+    used += busy[step];
+  }
+  return available > 0 ? 1.0 - used / available : 0.0;
+}
+
+void write_chrome_trace(const std::vector<Event>& events, std::ostream& out) {
+  std::set<int64_t> workers;
+  for (const auto& e : events) workers.insert(e.worker);
+  out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
+  bool first = true;
+  const auto separator = [&] {
+    if (!first) out << ",";
+    first = false;
+    out << "\n";
+  };
+  for (const int64_t w : workers) {
+    separator();
+    out << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" << w
+        << ",\"args\":{\"name\":\"worker " << w << "\"}}";
+  }
+  for (const auto& e : events) {
+    separator();
+    out << "{\"name\":\"" << json_escaped(e.name) << "\",\"cat\":\""
+        << (is_compute(e)           ? "compute"
+            : e.name == "recompute" ? "recompute"
+                                    : "transfer")
+        << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << e.worker << ",\"ts\":" << fixed(e.begin_us, 3)
+        << ",\"dur\":" << fixed(e.end_us - e.begin_us, 3) << ",\"args\":{\"stage\":" << e.stage
+        << ",\"microbatch\":" << e.microbatch << ",\"step\":" << e.step << "}}";
+  }
+  out << "\n]}\n";
+}
+
+void write_svg_timeline(const std::vector<Event>& events, std::ostream& out) {
+  constexpr double kLeft = 80, kWidth = 1000, kRow = 30, kTop = 30;
+  std::set<int64_t> worker_set;
+  double t0 = 0, t1 = 1;
+  if (!events.empty()) {
+    t0 = events.front().begin_us;
+    t1 = events.front().end_us;
+  }
+  for (const auto& e : events) {
+    worker_set.insert(e.worker);
+    t0 = std::min(t0, e.begin_us);
+    t1 = std::max(t1, e.end_us);
+  }
+  const std::vector<int64_t> workers(worker_set.begin(), worker_set.end());
+  const double span = std::max(t1 - t0, 1e-3);
+  const auto x = [&](double t) { return kLeft + (t - t0) / span * kWidth; };
+  const auto row_of = [&](int64_t worker) {
+    return static_cast<double>(std::lower_bound(workers.begin(), workers.end(), worker) -
+                               workers.begin());
+  };
+  const double height = kTop + kRow * static_cast<double>(workers.size()) + 60;
+
+  out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kLeft + kWidth + 20
+      << "\" height=\"" << height << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
+      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      << "<text x=\"" << kLeft << "\" y=\"18\" font-size=\"13\">gpipe timeline: " << events.size()
+      << " tasks, " << fixed(span / 1000, 2) << " ms</text>\n";
+  for (const int64_t w : workers) {
+    const double y = kTop + kRow * row_of(w);
+    out << "<text x=\"4\" y=\"" << y + kRow / 2 + 4 << "\">worker " << w << "</text>\n"
+        << "<line x1=\"" << kLeft << "\" y1=\"" << y + kRow << "\" x2=\"" << kLeft + kWidth
+        << "\" y2=\"" << y + kRow << "\" stroke=\"#ddd\"/>\n";
+  }
+  // Compute fills the row; a recompute overlays the lower third of its backward; transfers are
+  // a thin strip on top.
+  for (const auto& e : events) {
+    const double row_top = kTop + kRow * row_of(e.worker);
+    const bool compute = is_compute(e);
+    const double y = compute                 ? row_top + 2
+                     : e.name == "recompute" ? row_top + kRow * 2 / 3
+                                             : row_top;
+    const double h = compute ? kRow - 4 : e.name == "recompute" ? kRow / 3 - 2 : 3;
+    const double left = x(e.begin_us);
+    const double width = std::max(x(e.end_us) - left, 0.5);
+    out << "<rect x=\"" << fixed(left, 2) << "\" y=\"" << y << "\" width=\"" << fixed(width, 2)
+        << "\" height=\"" << h << "\" fill=\"" << color_of(e.name) << "\" stroke=\"white\""
+        << " stroke-width=\"0.5\"><title>" << xml_escaped(e.name) << " stage " << e.stage
+        << " micro-batch " << e.microbatch << " step " << e.step << ": "
+        << fixed((e.end_us - e.begin_us) / 1000, 3) << " ms</title></rect>\n";
+    if (compute && width >= 14) {
+      out << "<text x=\"" << fixed(left + width / 2, 2) << "\" y=\"" << row_top + kRow / 2 + 4
+          << "\" text-anchor=\"middle\" fill=\"white\">" << e.microbatch << "</text>\n";
+    }
+  }
+  // Time axis and legend.
+  const double axis = kTop + kRow * static_cast<double>(workers.size()) + 14;
+  for (int tick = 0; tick <= 4; ++tick) {
+    const double t = t0 + span * tick / 4;
+    out << "<text x=\"" << fixed(x(t), 2) << "\" y=\"" << axis << "\" text-anchor=\"middle\">"
+        << fixed((t - t0) / 1000, 1) << " ms</text>\n";
+  }
+  double legend_x = kLeft;
+  for (const char* name :
+       {"forward", "backward", "backward_input", "backward_weight", "recompute", "send/recv"}) {
+    out << "<rect x=\"" << legend_x << "\" y=\"" << axis + 14 << "\" width=\"12\" height=\"12\""
+        << " fill=\"" << color_of(name) << "\"/><text x=\"" << legend_x + 16 << "\" y=\""
+        << axis + 24 << "\">" << name << "</text>\n";
+    legend_x += 130;
+  }
+  out << "</svg>\n";
+}
+
+}  // namespace trace
+}  // namespace gpipe

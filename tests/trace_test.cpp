@@ -1,0 +1,114 @@
+// Tracing: spans record into the thread's tracer, nested spans inherit their task, the bubble is
+// idle worker time, and the writers produce JSON and SVG.
+#include "test_util.h"
+
+#include <gpipe/checkpoint.h>
+#include <gpipe/schedule/runtime.h>
+#include <gpipe/trace.h>
+
+#include <tinyxml2.h>
+#include <nlohmann/json.hpp>
+
+#include <sstream>
+#include <thread>
+
+namespace gpipe {
+namespace trace {
+namespace {
+
+TEST(TraceTest, SpansRecordOnlyUnderATracer) {
+  Tracer tracer;
+  { TraceSpan ignored("forward", 0, 0); }
+  EXPECT_TRUE(tracer.events().empty());
+  {
+    UseTracer use(&tracer, /*worker=*/3, /*step=*/7);
+    TraceSpan outer("backward", 2, 5);
+    { TraceSpan inner("recompute"); }
+  }
+  { TraceSpan after("forward", 0, 0); }  // the tracer is gone from this thread again
+  const auto events = tracer.events();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].name, "recompute");  // the inner span ends first
+  EXPECT_EQ(events[0].stage, 2);           // inherited from the enclosing span
+  EXPECT_EQ(events[0].microbatch, 5);
+  EXPECT_EQ(events[1].name, "backward");
+  EXPECT_EQ(events[1].worker, 3);
+  EXPECT_EQ(events[1].step, 7);
+  EXPECT_LE(events[1].begin_us, events[0].begin_us);
+  EXPECT_GE(events[1].end_us, events[0].end_us);
+}
+
+TEST(TraceTest, TracerIsPerThread) {
+  Tracer tracer;
+  UseTracer use(&tracer, 0, 0);
+  std::thread([] { TraceSpan other("forward", 1, 1); }).join();
+  EXPECT_TRUE(tracer.events().empty());
+}
+
+TEST(TraceTest, BubbleFraction) {
+  // Two workers, one step of 10 us: worker 0 computes 10 us, worker 1 computes 4 us and
+  // receives 6 us (transfers are not compute). Idle: 6 of 20.
+  const std::vector<Event> events = {
+      {"forward", 0, 0, 0, 0, 0, 6},         {"backward", 0, 0, 0, 0, 6, 10},
+      {"recv_activation", 1, 1, 0, 0, 0, 6}, {"forward", 1, 1, 0, 0, 6, 8},
+      {"backward", 1, 1, 0, 0, 8, 10},       {"recompute", 1, 1, 0, 0, 8, 9},
+  };
+  EXPECT_DOUBLE_EQ(bubble_fraction(events), 6.0 / 20.0);
+  EXPECT_EQ(bubble_fraction({}), 0.0);
+}
+
+TEST(TraceTest, WritersProduceJsonAndSvg) {
+  const std::vector<Event> events = {{"forward", 0, 0, 1, 0, 0, 5},
+                                     {"odd \"name\" <&>", 1, 1, 1, 0, 5, 9}};
+  std::stringstream json;
+  write_chrome_trace(events, json);
+  const auto trace = nlohmann::json::parse(json.str());
+  int complete = 0, metadata = 0;
+  for (const auto& e : trace.at("traceEvents")) {
+    complete += e.at("ph") == "X";
+    metadata += e.at("ph") == "M";
+  }
+  EXPECT_EQ(complete, 2);
+  EXPECT_EQ(metadata, 2);  // one name per worker
+  EXPECT_EQ(trace.at("traceEvents").back().at("name"), "odd \"name\" <&>");
+
+  std::stringstream svg;
+  write_svg_timeline(events, svg);
+  tinyxml2::XMLDocument document;
+  ASSERT_EQ(document.Parse(svg.str().c_str()), tinyxml2::XML_SUCCESS) << document.ErrorStr();
+  EXPECT_STREQ(document.RootElement()->Name(), "svg");
+
+  std::stringstream empty;
+  write_svg_timeline({}, empty);
+  EXPECT_EQ(document.Parse(empty.str().c_str()), tinyxml2::XML_SUCCESS);
+}
+
+TEST(TraceTest, ScheduleRuntimeTracesEveryAction) {
+  torch::nn::Sequential model(torch::nn::Linear(4, 4), torch::nn::Tanh(), torch::nn::Linear(4, 1));
+  auto tracer = std::make_shared<Tracer>();
+  schedule::PipelineSchedule pipe(
+      model, {2, 1},
+      [](const Batch& y, const Batch& t) { return torch::mse_loss(y.tensor(), t.tensor()); },
+      schedule::PipelineScheduleOptions(3).schedule(schedule::ScheduleKind::kGPipe).tracer(tracer));
+  pipe.step(torch::rand({6, 4}), torch::rand({6, 1}));
+  pipe.step(torch::rand({6, 4}), torch::rand({6, 1}));
+  const auto plan = pipe.schedule(3);
+  size_t actions = 0;
+  for (const auto& list : plan.actions) actions += list.size();
+  const auto events = tracer->events();
+  EXPECT_EQ(events.size(), 2 * actions);
+  std::map<std::string, int> by_name;
+  for (const auto& e : events) {
+    ++by_name[e.name];
+    EXPECT_EQ(e.worker, e.stage);  // one stage per worker
+    EXPECT_TRUE(e.step == 0 || e.step == 1);
+  }
+  EXPECT_EQ(by_name["forward"], 2 * 2 * 3);
+  EXPECT_EQ(by_name["backward"], 2 * 2 * 3);
+  EXPECT_EQ(by_name["send_activation"], 2 * 3);
+  EXPECT_EQ(by_name["recv_gradient"], 2 * 3);
+}
+
+}  // namespace
+}  // namespace trace
+}  // namespace gpipe
