@@ -1,0 +1,295 @@
+// The `gpipe` command: flag parsing and its errors, the training text, that `gpipe train` makes
+// the loss fall, that its trace is JSON with one event per task and its timeline is SVG, saving
+// and generating, and the exit codes of the binary.
+#include "test_util.h"
+
+#include "arguments.h"
+#include "generate.h"
+#include "model_file.h"
+#include "text_corpus.h"
+#include "train.h"
+
+#include <gpipe/schedule/generators.h>
+
+#include <tinyxml2.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace gpipe {
+namespace cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory for one test's files, removed afterwards.
+class TemporaryDirectory {
+ public:
+  TemporaryDirectory() {
+    std::string pattern = (fs::temp_directory_path() / "gpipe-cli-XXXXXX").string();
+    path_ = mkdtemp(pattern.data());
+  }
+  ~TemporaryDirectory() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+std::string write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A small, repetitive text that a tiny model learns within a few dozen steps.
+std::string tiny_corpus(const TemporaryDirectory& dir) {
+  std::string text;
+  for (int k = 0; k < 200; ++k) text += "the quick brown fox jumps over the lazy dog. ";
+  return write_text(dir.file("corpus.txt"), text);
+}
+
+std::vector<std::string> tiny_model_flags(const std::string& data) {
+  return {"--data",       data, "--layers",     "2",  "--embedding-dim", "32", "--heads", "2",
+          "--block-size", "16", "--batch-size", "16", "--quiet"};
+}
+
+std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(ArgumentsTest, ValuesInBothForms) {
+  Arguments args({"--steps", "20", "--lr=0.5", "--quiet", "--name", "x"});
+  EXPECT_EQ(args.integer("steps", 1, 1), 20);
+  EXPECT_EQ(args.real("lr", 1.0, 0), 0.5);
+  EXPECT_TRUE(args.flag("quiet"));
+  EXPECT_EQ(args.text("name", "y"), "x");
+  EXPECT_EQ(args.integer("absent", 7, 1), 7);
+  EXPECT_FALSE(args.flag("also-absent"));
+  EXPECT_NO_THROW(args.finish());
+}
+
+TEST(ArgumentsTest, Errors) {
+  GPIPE_EXPECT_THROW_WITH(Arguments({"train"}), UsageError, "unexpected argument 'train'");
+  GPIPE_EXPECT_THROW_WITH(Arguments({"--a", "1", "--a", "2"}), UsageError, "--a is given twice");
+  GPIPE_EXPECT_THROW_WITH(Arguments({"--steps", "x"}).integer("steps", 1, 1), UsageError,
+                          "--steps must be an integer, but got 'x'");
+  GPIPE_EXPECT_THROW_WITH(Arguments({"--steps", "12abc"}).integer("steps", 1, 1), UsageError,
+                          "--steps must be an integer, but got '12abc'");
+  GPIPE_EXPECT_THROW_WITH(Arguments({"--steps", "0"}).integer("steps", 1, 1), UsageError,
+                          "--steps must be at least 1, but got 0");
+  GPIPE_EXPECT_THROW_WITH(Arguments({"--lr", "-1"}).real("lr", 1, 0), UsageError,
+                          "--lr must be greater than 0");
+  GPIPE_EXPECT_THROW_WITH(Arguments({"--steps"}).integer("steps", 1, 1), UsageError,
+                          "--steps needs a value");
+  GPIPE_EXPECT_THROW_WITH(Arguments({"--quiet=yes"}).flag("quiet"), UsageError,
+                          "--quiet takes no value, but got 'yes'");
+  GPIPE_EXPECT_THROW_WITH(Arguments({"--mode", "x"}).choice("mode", "a", {"a", "b"}), UsageError,
+                          "--mode must be one of a, b, but got 'x'");
+  Arguments unknown({"--steps", "3", "--stpes", "4"});
+  unknown.integer("steps", 1, 1);
+  GPIPE_EXPECT_THROW_WITH(unknown.finish(), UsageError, "unknown flag --stpes");
+}
+
+TEST(TrainConfigTest, DefaultsAreTheDefaultJob) {
+  const TrainConfig c = parse_train_config({});
+  EXPECT_EQ(c.data, std::vector<std::string>{kDefaultCorpusDirectory});
+  EXPECT_EQ(c.stages, 2);
+  EXPECT_EQ(c.schedule, "1f1b");
+  EXPECT_FALSE(c.checkpoint);
+  EXPECT_EQ(c.model.num_layers(), 4);
+}
+
+TEST(TrainConfigTest, Errors) {
+  GPIPE_EXPECT_THROW_WITH(parse_train_config({"--stages", "7"}), UsageError,
+                          "--stages 7 is more than the model's 6 layers (--layers 4 blocks + "
+                          "embedding + head)");
+  GPIPE_EXPECT_THROW_WITH(
+      parse_train_config({"--schedule", "2f2b"}), UsageError,
+      "--schedule must be one of gpipe, 1f1b, interleaved_1f1b, but got '2f2b'");
+  GPIPE_EXPECT_THROW_WITH(parse_train_config({"--heads", "3"}), UsageError,
+                          "--heads 3 must divide --embedding-dim 128");
+  GPIPE_EXPECT_THROW_WITH(parse_train_config({"--load", "m.pt", "--layers", "2"}), UsageError,
+                          "--layers cannot change a model read with --load");
+  GPIPE_EXPECT_THROW_WITH(parse_train_config({"--devices", "cpu"}), UsageError,
+                          "--devices names 1 devices for --stages 2");
+  GPIPE_EXPECT_THROW_WITH(parse_train_config({"--devices", "cpu,gpu7"}), UsageError,
+                          "--devices: 'gpu7' is not a device");
+  GPIPE_EXPECT_THROW_WITH(parse_train_config({"--virtual-stages", "2"}), UsageError,
+                          "--virtual-stages needs --schedule interleaved_1f1b");
+  GPIPE_EXPECT_THROW_WITH(parse_train_config({"--checkpoint", "sometimes"}), UsageError,
+                          "--checkpoint must be one of never, always, but got 'sometimes'");
+}
+
+TEST(TextCorpusTest, LoadsFilesAndDirectories) {
+  TemporaryDirectory dir;
+  write_text(dir.file("b.txt"), "world");
+  write_text(dir.file("a.txt"), "hello ");
+  const auto corpus = TextCorpus::load({dir.file("a.txt"), dir.file("b.txt")}, 1);
+  EXPECT_EQ(corpus.size(), 11);
+  const auto whole = TextCorpus::load({dir.file("")}, 1);  // sorted by name: a.txt, b.txt
+  EXPECT_EQ(whole.size(), 11);
+  EXPECT_EQ(whole.num_files(), 2);
+  GPIPE_EXPECT_THROW_WITH(TextCorpus::load({dir.file("missing.txt")}, 1), UsageError,
+                          "missing.txt' does not exist or is not a file");
+  GPIPE_EXPECT_THROW_WITH(TextCorpus::load({dir.file("a.txt")}, 65), UsageError,
+                          "the training text has 6 bytes, but needs at least 65");
+}
+
+TEST(TextCorpusTest, TargetsAreInputsShiftedByOne) {
+  TemporaryDirectory dir;
+  const auto corpus = TextCorpus::load({write_text(dir.file("t.txt"), "abcdefghijklmnop")}, 1);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(3);
+  auto [input, target] = corpus.batch(5, 4, generator);
+  EXPECT_EQ(input.sizes(), (std::vector<int64_t>{5, 4}));
+  EXPECT_EQ(input.scalar_type(), torch::kLong);
+  // Consecutive letters: each target is its input + 1.
+  EXPECT_TRUE(torch::equal(target, input + 1));
+  EXPECT_TRUE(torch::equal(input.narrow(1, 1, 3), target.narrow(1, 0, 3)));
+}
+
+TEST(TrainTest, LossFalls) {
+  TemporaryDirectory dir;
+  std::ostringstream out;
+  const TrainConfig config = parse_train_config(tiny_model_flags(tiny_corpus(dir)) +
+                                                std::vector<std::string>{"--steps", "40"});
+  const TrainReport report = train(config, out, /*interactive=*/false);
+  ASSERT_EQ(report.losses.size(), 40u);
+  const auto mean = [&](size_t from, size_t to) {
+    double sum = 0;
+    for (size_t k = from; k < to; ++k) sum += report.losses[k];
+    return sum / static_cast<double>(to - from);
+  };
+  // ln(256) = 5.5 at the start; a repetitive text is quickly learned.
+  EXPECT_GT(mean(0, 5), 4.5);
+  EXPECT_LT(mean(35, 40), mean(0, 5) - 1.5);
+  EXPECT_EQ(report.peak_bytes_per_stage.size(), 2u);
+  for (const auto bytes : report.peak_bytes_per_stage) EXPECT_GT(bytes, 0);
+  EXPECT_THAT(out.str(), ::testing::HasSubstr("done: 40 steps"));
+  EXPECT_THAT(out.str(), ::testing::HasSubstr("bubble: "));
+}
+
+TEST(TrainTest, TraceHasOneEventPerTaskAndTimelineIsSvg) {
+  TemporaryDirectory dir;
+  const int64_t steps = 3, stages = 3, chunks = 4;
+  std::ostringstream out;
+  const TrainConfig config = parse_train_config(
+      tiny_model_flags(tiny_corpus(dir)) +
+      std::vector<std::string>{"--steps", std::to_string(steps), "--stages", std::to_string(stages),
+                               "--chunks", std::to_string(chunks), "--checkpoint", "always",
+                               "--trace", dir.file("trace.json"), "--timeline",
+                               dir.file("timeline.svg"), "--timeline-steps", "1"});
+  const TrainReport report = train(config, out, false);
+
+  std::ifstream in(dir.file("trace.json"));
+  const nlohmann::json trace = nlohmann::json::parse(in);  // throws unless valid JSON
+  const auto planned =
+      schedule::make_schedule(schedule::ScheduleKind::kOneFOneB, stages, stages, chunks);
+  int64_t tasks_per_step = 0;
+  for (const auto& actions : planned.actions) tasks_per_step += actions.size();
+  // Checkpointing adds one recompute per backward, on every stage.
+  tasks_per_step += stages * chunks;
+  int64_t complete = 0, recomputes = 0;
+  std::map<std::tuple<int64_t, int64_t, int64_t, std::string>, int> seen;
+  for (const auto& event : trace.at("traceEvents")) {
+    if (event.at("ph") != "X") continue;
+    ++complete;
+    const std::string name = event.at("name");
+    recomputes += name == "recompute";
+    ++seen[{event.at("args").at("step").get<int64_t>(), event.at("args").at("stage").get<int64_t>(),
+            event.at("args").at("microbatch").get<int64_t>(), name}];
+    EXPECT_GE(event.at("dur").get<double>(), 0);
+  }
+  EXPECT_EQ(complete, steps * tasks_per_step);
+  EXPECT_EQ(report.traced_tasks, complete);
+  EXPECT_EQ(recomputes, steps * stages * chunks);
+  for (const auto& [key, count] : seen) EXPECT_EQ(count, 1) << std::get<3>(key);  // one each
+
+  tinyxml2::XMLDocument svg;
+  ASSERT_EQ(svg.LoadFile(dir.file("timeline.svg").c_str()), tinyxml2::XML_SUCCESS)
+      << svg.ErrorStr();
+  ASSERT_STREQ(svg.RootElement()->Name(), "svg");
+  int rects = 0;
+  for (auto* e = svg.RootElement()->FirstChildElement("rect"); e;
+       e = e->NextSiblingElement("rect")) {
+    ++rects;
+  }
+  // The background, the last step's tasks, six legend boxes.
+  EXPECT_EQ(rects, 1 + tasks_per_step + 6);
+}
+
+TEST(TrainTest, SaveThenGenerate) {
+  TemporaryDirectory dir;
+  std::ostringstream out;
+  const TrainConfig config =
+      parse_train_config(tiny_model_flags(tiny_corpus(dir)) +
+                         std::vector<std::string>{"--steps", "2", "--save", dir.file("model.pt")});
+  train(config, out, false);
+  const SavedModel saved = load_model(dir.file("model.pt"));
+  EXPECT_EQ(saved.options.num_layers(), 2);
+  EXPECT_EQ(saved.options.embedding_dim(), 32);
+  EXPECT_EQ(saved.model->size(), 4u);
+
+  std::ostringstream text;
+  GenerateConfig generate_config = parse_generate_config(
+      {"--model", dir.file("model.pt"), "--prompt", "the ", "--length", "25"});
+  generate(generate_config, text);
+  EXPECT_EQ(text.str().size(), 4u + 25u + 1u);  // prompt, continuation, newline
+  EXPECT_EQ(text.str().substr(0, 4), "the ");
+
+  // The same seed samples the same text.
+  std::ostringstream again;
+  generate(generate_config, again);
+  EXPECT_EQ(again.str(), text.str());
+
+  GPIPE_EXPECT_THROW_WITH(load_model(dir.file("missing.pt")), UsageError, "does not exist");
+  GPIPE_EXPECT_THROW_WITH(load_model(write_text(dir.file("junk.pt"), "junk")), UsageError,
+                          "is not a model saved by gpipe train --save");
+  GPIPE_EXPECT_THROW_WITH(parse_generate_config({}), UsageError, "needs --model FILE");
+}
+
+// Runs the gpipe binary; returns its exit code and what it wrote to stderr.
+std::pair<int, std::string> run_command(const std::string& arguments) {
+  TemporaryDirectory dir;
+  const std::string command =
+      std::string(GPIPE_COMMAND) + " " + arguments + " >/dev/null 2>" + dir.file("stderr");
+  const int status = std::system(command.c_str());
+  std::ifstream in(dir.file("stderr"));
+  std::stringstream err;
+  err << in.rdbuf();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, err.str()};
+}
+
+TEST(CommandTest, BadCommandLinesExitWithTwoAndOneLine) {
+  for (const auto& [arguments, message] : std::vector<std::pair<std::string, std::string>>{
+           {"train --bogus 1", "gpipe train: unknown flag --bogus (see --help)\n"},
+           {"train --data /nonexistent/text",
+            "gpipe train: data file '/nonexistent/text' does not exist or is not a file\n"},
+           {"train --stages 9",
+            "gpipe train: --stages 9 is more than the model's 6 layers (--layers 4 blocks + "
+            "embedding + head)\n"},
+           {"train --steps -3", "gpipe train: --steps must be at least 1, but got -3\n"},
+           {"generate", "gpipe generate: needs --model FILE (from gpipe train --save)\n"},
+           {"fly", "gpipe fly: unknown command 'fly' (commands: train, generate)\n"},
+       }) {
+    const auto [code, err] = run_command(arguments);
+    EXPECT_EQ(code, 2) << arguments;
+    EXPECT_EQ(err, message) << arguments;
+  }
+}
+
+TEST(CommandTest, HelpExitsWithZero) {
+  EXPECT_EQ(run_command("train --help").first, 0);
+  EXPECT_EQ(run_command("generate --help").first, 0);
+  EXPECT_EQ(run_command("--help").first, 0);
+  EXPECT_EQ(run_command("").first, 2);  // no command: usage on stderr
+}
+
+}  // namespace
+}  // namespace cli
+}  // namespace gpipe

@@ -1,0 +1,68 @@
+// The `gpipe` command: `gpipe train` (the default job), `gpipe generate`.
+//
+// Exit codes: 0 done, 1 a failure while running, 2 a bad command line (one line on stderr).
+#include "arguments.h"
+#include "generate.h"
+#include "train.h"
+
+#include <c10/util/Exception.h>
+
+#include <unistd.h>
+
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: gpipe <command> [flags]
+
+commands:
+  train       train a character-level GPT pipelined over stages (the default job)
+  generate    sample text from a model saved by train --save
+
+`gpipe <command> --help` lists a command's flags.
+)";
+
+int run(const std::string& command, const std::vector<std::string>& args) {
+  using namespace gpipe::cli;
+  const bool help = !args.empty() && (args[0] == "--help" || args[0] == "-h");
+  if (command == "train") {
+    if (help) return std::cout << train_usage(), 0;
+    const TrainConfig config = parse_train_config(args);
+    std::ostringstream discarded;
+    train(config, config.quiet ? static_cast<std::ostream&>(discarded) : std::cout,
+          !config.quiet && isatty(STDOUT_FILENO));
+    return 0;
+  }
+  if (command == "generate") {
+    if (help) return std::cout << generate_usage(), 0;
+    generate(parse_generate_config(args), std::cout);
+    return 0;
+  }
+  if (command == "--help" || command == "-h" || command == "help") return std::cout << kUsage, 0;
+  throw UsageError("unknown command '" + command + "' (commands: train, generate)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> words(argv + 1, argv + argc);
+  if (words.empty()) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  try {
+    return run(words[0], std::vector<std::string>(words.begin() + 1, words.end()));
+  } catch (const gpipe::cli::UsageError& error) {
+    std::cerr << "gpipe " << words[0] << ": " << error.what() << "\n";
+    return 2;
+  } catch (const c10::Error& error) {
+    std::cerr << "gpipe " << words[0] << ": " << error.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& error) {
+    std::cerr << "gpipe " << words[0] << ": " << error.what() << "\n";
+    return 1;
+  }
+}

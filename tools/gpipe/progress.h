@@ -1,0 +1,34 @@
+// The progress line of `gpipe train`: step, loss, samples/s and ETA, redrawn in place on a
+// terminal and printed every tenth of the run otherwise (logs stay short).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <ostream>
+
+namespace gpipe {
+namespace cli {
+
+class ProgressBar {
+ public:
+  /// `total` steps of `samples_per_step` samples; `interactive`: redraw one line with '\r'.
+  ProgressBar(std::ostream& out, int64_t total, int64_t samples_per_step, bool interactive);
+
+  /// Step `step` (1-based) is done with `loss`.
+  void update(int64_t step, double loss);
+
+  /// Ends the line.
+  void finish();
+
+ private:
+  std::ostream& out_;
+  int64_t total_;
+  int64_t samples_per_step_;
+  bool interactive_;
+  std::chrono::steady_clock::time_point start_;
+  double smoothed_loss_ = 0;
+  int64_t last_printed_ = 0;
+};
+
+}  // namespace cli
+}  // namespace gpipe

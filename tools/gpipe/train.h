@@ -1,0 +1,67 @@
+// `gpipe train`: trains the char GPT (models/char_gpt.h) on text, pipelined over stages with an
+// explicit schedule (gpipe::schedule), one worker thread per stage; shows progress, and at the
+// end throughput, peak memory per stage and the measured bubble. Can save the model, write a
+// Chrome trace and an SVG timeline of the tasks.
+#pragma once
+
+#include "arguments.h"
+#include "models/char_gpt.h"
+#include "text_corpus.h"
+
+#include <gpipe/schedule/generators.h>
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace gpipe {
+namespace cli {
+
+struct TrainConfig {
+  std::vector<std::string> data = {kDefaultCorpusDirectory};
+  models::CharGPTOptions model;
+  int64_t steps = 300;
+  int64_t batch_size = 32;
+  double learning_rate = 2e-3;
+  int64_t seed = 0;
+  int64_t stages = 2;
+  int64_t chunks = 4;
+  std::string schedule = "1f1b";
+  int64_t virtual_stages = 1;  // stages per worker, for interleaved_1f1b
+  bool checkpoint = false;
+  int64_t threads = 1;  // intra-op threads per stage
+  std::vector<c10::Device> devices;
+  std::string load;      // start from this saved model
+  std::string save;      // save the trained model here
+  std::string trace;     // Chrome trace JSON of every task
+  std::string timeline;  // SVG timeline of the last timeline_steps steps
+  int64_t timeline_steps = 2;
+  bool quiet = false;  // no progress or summary
+};
+
+/// Reads the flags of `gpipe train`. Throws UsageError for a bad flag or value, a model with
+/// fewer layers than --stages, or flags that contradict each other.
+TrainConfig parse_train_config(const std::vector<std::string>& args);
+
+/// The `gpipe train --help` text.
+std::string train_usage();
+
+struct TrainReport {
+  std::vector<double> losses;  // per step
+  double seconds = 0;
+  double samples_per_second = 0;
+  std::vector<int64_t> peak_bytes_per_stage;  // allocated by each stage's tasks
+  double bubble_fraction = 0;                 // measured, over steps after the first
+  double bubble_bound = 0;                    // (S - 1) / (M + S - 1) for one stage per worker
+  int64_t traced_tasks = 0;                   // events in the trace
+};
+
+/// Trains as `config` says, printing progress to `out` (redrawn in place when `interactive`)
+/// and a summary at the end. Throws UsageError for unreadable data or model files.
+TrainReport train(const TrainConfig& config, std::ostream& out, bool interactive);
+
+}  // namespace cli
+}  // namespace gpipe
