@@ -228,7 +228,7 @@ TEST(TrainTest, SaveThenGenerate) {
   std::ostringstream out;
   const TrainConfig config =
       parse_train_config(tiny_model_flags(tiny_corpus(dir)) +
-                         std::vector<std::string>{"--steps", "2", "--save", dir.file("model.pt")});
+                         std::vector<std::string>{"--steps", "20", "--save", dir.file("model.pt")});
   train(config, out, false);
   const SavedModel saved = load_model(dir.file("model.pt"));
   EXPECT_EQ(saved.options.num_layers(), 2);
@@ -246,6 +246,19 @@ TEST(TrainTest, SaveThenGenerate) {
   std::ostringstream again;
   generate(generate_config, again);
   EXPECT_EQ(again.str(), text.str());
+
+  // Training goes on from the saved weights: its first loss is the saved model's loss.
+  std::ostringstream resumed_out;
+  const TrainReport resumed =
+      train(parse_train_config({"--data", dir.file("corpus.txt"), "--load", dir.file("model.pt"),
+                                "--batch-size", "16", "--steps", "1", "--quiet"}),
+            resumed_out, false);
+  std::ostringstream fresh_out;
+  const TrainReport from_scratch =
+      train(parse_train_config(tiny_model_flags(dir.file("corpus.txt")) +
+                               std::vector<std::string>{"--steps", "1"}),
+            fresh_out, false);
+  EXPECT_LT(resumed.losses[0], from_scratch.losses[0] - 0.5);
 
   GPIPE_EXPECT_THROW_WITH(load_model(dir.file("missing.pt")), UsageError, "does not exist");
   GPIPE_EXPECT_THROW_WITH(load_model(write_text(dir.file("junk.pt"), "junk")), UsageError,
