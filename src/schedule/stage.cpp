@@ -274,11 +274,19 @@ Batch Stage::backward_input(int64_t microbatch, const Batch& grad_output) {
     pending.weight_grads.push_back(captured[k]);
   }
   // The input's path is done: cut it, so that backward_weight() from the split points runs only
-  // towards the parameters.
+  // towards the parameters, and free what only it needed.
   for (const auto& node : splits) {
     for (auto& next : node->next_edges()) {
       if (!weight_only(next)) next = Edge();
     }
+  }
+  const std::unordered_set<Node*> kept = [&] {
+    std::unordered_set<Node*> nodes;
+    for (const auto& node : splits) nodes.insert(node.get());
+    return nodes;
+  }();
+  for (const auto& entry : reach) {
+    if (entry.second.input && !kept.count(entry.first)) entry.first->release_variables();
   }
   return input_gradients(pending.input, captured);
 }
