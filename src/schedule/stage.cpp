@@ -242,15 +242,20 @@ Batch Stage::backward_input(int64_t microbatch, const Batch& grad_output) {
   // Split points: nodes on the input's path with a child only on a parameter's path. A root off
   // the input's path starts a weight pass of its own.
   std::vector<std::shared_ptr<Node>> splits;
-  torch::autograd::edge_list captures = input_edges;
   for (const auto& entry : reach) {
     Node* node = entry.first;
     if (!entry.second.input) continue;
     const auto& next = node->next_edges();
     if (std::none_of(next.begin(), next.end(), weight_only)) continue;
     splits.push_back(node->shared_from_this());
+  }
+  // In the order they were recorded, latest first, so that runs are repeatable.
+  std::sort(splits.begin(), splits.end(),
+            [](const auto& a, const auto& b) { return a->sequence_nr() > b->sequence_nr(); });
+  torch::autograd::edge_list captures = input_edges;
+  for (const auto& node : splits) {
     for (const auto k : c10::irange(node->num_inputs())) {
-      captures.emplace_back(splits.back(), static_cast<uint32_t>(k));
+      captures.emplace_back(node, static_cast<uint32_t>(k));
     }
   }
   for (const auto k : c10::irange(roots.size())) {
