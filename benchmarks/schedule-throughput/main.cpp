@@ -203,7 +203,11 @@ int main(int argc, char** argv) {
     std::printf("%-31s %10.1f %10.1f %12.1f %7.2fx %7.2fx %11.1f MiB\n", c.name.c_str(), t * 1e3,
                 median(c.cpu) * 1e3, batch / t, a / t, b / t, c.peak / 1048576.0);
   }
-  std::printf("bubble bound over (a): 2 x %lld / %lld = %.2fx\n", static_cast<long long>(chunks),
-              static_cast<long long>(chunks + 1), 2.0 * chunks / (chunks + 1));
+  std::printf("ZB1P over 1F1B: %.3fx, over GPipe: %.3fx (step time)\n",
+              median(candidates[4].times) / median(candidates[5].times),
+              median(candidates[3].times) / median(candidates[5].times));
+  std::printf("bubble bound of GPipe and 1F1B over (a): 2 x %lld / %lld = %.2fx\n",
+              static_cast<long long>(chunks), static_cast<long long>(chunks + 1),
+              2.0 * chunks / (chunks + 1));
   return 0;
 }
