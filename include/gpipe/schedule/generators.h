@@ -18,11 +18,11 @@
 //     the bound only in a tick where nothing else could run. The bubble shrinks by about v. It
 //     sends ahead, so it needs edge queues of more than one message (the runtime gives M).
 //   ZB1P (ZB-H1 of "Zero Bubble Pipeline Parallelism", Qi et al., 2023): 1F1B's order with each
-//     backward split into B (input gradient, sent upstream at once) and W (weight gradient,
-//     local). Stage s runs W of micro-batch j after B of micro-batch j + s: the last stage,
-//     which finishes its B's first, defers the most W's, and they fill the cooldown waits that
-//     1F1B leaves idle. Stage s holds at most S micro-batches (S - s not yet through B, s more
-//     waiting for W), as 1F1B's stage 0 does.
+//     backward split into B (input gradient, sent upstream at once) and W (weight gradient, local).
+//     Stage s runs W of micro-batch j after B of micro-batch j + s (the last s at the end): the
+//     last stage, which finishes its B's first, defers the most W's, and they fill the cooldown
+//     waits that 1F1B leaves idle. Stage s holds at most S micro-batches (S - s not yet through B,
+//     s more waiting for W), as 1F1B's stage 0 does.
 //
 // Thread safety: pure functions.
 #pragma once

@@ -1,9 +1,9 @@
 // Schedule validation: simulates the workers' action lists and rejects a schedule that would
 // deadlock, use a tensor before it arrives, or leave work undone, naming the offending action.
 //
-// The simulation runs in rounds. In each round every worker runs its actions in order until it
-// has run one compute action (forward or backward) or must wait: a receive waits until the
-// message is at the front of its edge's queue (messages sent in a round arrive in the next), a
+// The simulation runs in rounds. In each round every worker runs its actions in order until it has
+// run one compute action (a forward, a backward or half of one) or must wait: a receive waits until
+// the message is at the front of its edge's queue (messages sent in a round arrive in the next), a
 // send waits while the queue holds `queue_capacity` messages. A round in which no worker moves
 // is a deadlock. The round of each action is its time in render().
 //
