@@ -1,5 +1,6 @@
-// Tests of activation memory under explicit schedules: 1F1B holds at most K (number of stages)
-// micro-batches of activations in stage 0, GPipe all M, measured with the tracking allocator.
+// Tests of activation memory under explicit schedules: 1F1B and ZB1P hold at most K (number of
+// stages) micro-batches of activations in stage 0, GPipe all M, measured with the tracking
+// allocator.
 #include "test_util.h"
 
 #include "gpipe/memory.h"
@@ -49,6 +50,16 @@ TEST(ScheduleMemoryTest, OneFOneBHoldsAtMostKMicroBatchesInStageZero) {
   EXPECT_LE(one_f_one_b, (kStages + 2) * kUnit + kUnit / 2) << "1F1B peak " << one_f_one_b;
   std::cout << "peak activation memory, " << kChunks << " micro-batches of " << kUnit
             << " bytes each: GPipe " << gpipe << " bytes, 1F1B " << one_f_one_b << " bytes\n";
+}
+
+TEST(ScheduleMemoryTest, ZeroBubbleHoldsAtMostKMicroBatchesInStageZero) {
+  memory::install_tracking_cpu_allocator();
+  int64_t live = 0;
+  const int64_t zero_bubble = step_peak(ScheduleKind::kZeroBubble, &live);
+  EXPECT_EQ(live, kStages);
+  // Like 1F1B: K graphs kept until their weight pass, plus one pass's transients.
+  EXPECT_LE(zero_bubble, (kStages + 2) * kUnit + kUnit / 2) << "ZB1P peak " << zero_bubble;
+  std::cout << "peak activation memory, ZB1P: " << zero_bubble << " bytes\n";
 }
 
 }  // namespace

@@ -14,6 +14,13 @@ TEST(ScheduleRenderTest, OneFOneB) {
             "worker 1 | .  F0 B0 F1 B1 F2 B2\n");
 }
 
+TEST(ScheduleRenderTest, ZeroBubble) {
+  // W passes fill what 1F1B leaves idle: 10 rounds for 3 forwards and 6 backward halves.
+  EXPECT_EQ(render(zb1p_schedule(2, 3)),
+            "worker 0 | F0 F1 .  B0 W0 F2 B1 W1 B2 W2\n"
+            "worker 1 | .  F0 B0 F1 B1 W0 F2 B2 W1 W2\n");
+}
+
 TEST(ScheduleRenderTest, GPipe) {
   EXPECT_EQ(render(gpipe_schedule(2, 2)),
             "worker 0 | F0 F1 .  .  B0 B1\n"

@@ -94,6 +94,14 @@ TEST(ScheduleRuntimeTest, OneFOneBEqualsPlainModel) {
   }
 }
 
+TEST(ScheduleRuntimeTest, ZeroBubbleEqualsPlainModel) {
+  for (int64_t stages = 1; stages <= 4; ++stages) {
+    for (int64_t chunks = 1; chunks <= 8; ++chunks) {
+      expect_equivalent(ScheduleKind::kZeroBubble, stages, chunks);
+    }
+  }
+}
+
 TEST(ScheduleRuntimeTest, InterleavedOneFOneBEqualsPlainModel) {
   // 1..4 workers with 2 stages each.
   for (int64_t workers = 1; workers <= 4; ++workers) {
@@ -179,12 +187,14 @@ TEST(ScheduleRuntimeTest, ListBatchesAndNonFloatTensorsPass) {
   const at::Tensor expected = torch::mse_loss(tail->forward(head->forward({x, labels})), target);
   expected.backward();
   const at::Tensor expected_grad = head->linear->weight.grad().clone();
-  head->zero_grad();
-  tail->zero_grad();
-  PipelineSchedule pipe({torch::nn::Sequential(head), torch::nn::Sequential(tail)}, mse,
-                        PipelineScheduleOptions(3));
-  EXPECT_TRUE(close(pipe.step(Batch(std::vector<at::Tensor>{x, labels}), target), expected));
-  EXPECT_TRUE(close(head->linear->weight.grad(), expected_grad));
+  for (const auto kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble}) {
+    head->zero_grad();
+    tail->zero_grad();
+    PipelineSchedule pipe({torch::nn::Sequential(head), torch::nn::Sequential(tail)}, mse,
+                          PipelineScheduleOptions(3).schedule(kind));
+    EXPECT_TRUE(close(pipe.step(Batch(std::vector<at::Tensor>{x, labels}), target), expected));
+    EXPECT_TRUE(close(head->linear->weight.grad(), expected_grad)) << kind;
+  }
 }
 
 TEST(ScheduleRuntimeTest, ExceptionInAStageStopsEveryStage) {
@@ -202,7 +212,8 @@ TEST(ScheduleRuntimeTest, ExceptionInAStageStopsEveryStage) {
   }
   const at::Tensor input = torch::randn({8, 5}, torch::kDouble);
   const at::Tensor target = torch::randn({8, 3}, torch::kDouble);
-  for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+  for (const auto kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble}) {
     PipelineSchedule pipe(broken, {4, 4, 5, 4}, mse, PipelineScheduleOptions(4).schedule(kind));
     GPIPE_EXPECT_THROW_WITH(pipe.step(input, target), c10::ValueError, "stage failure on purpose");
     // And again: nothing is left over from the failed step.
@@ -236,6 +247,18 @@ TEST(ScheduleRuntimeTest, ChecksArguments) {
                                                .stages_per_worker(2)),
                           c10::ValueError,
                           "stages_per_worker (2) must divide the number of stages (3)");
+  GPIPE_EXPECT_THROW_WITH(
+      PipelineSchedule(
+          model, {8, 8}, mse,
+          PipelineScheduleOptions(2).schedule(ScheduleKind::kZeroBubble).checkpoint(true)),
+      c10::ValueError,
+      "schedule zb1p splits each backward into input and weight gradients, which checkpoint "
+      "cannot");
+  GPIPE_EXPECT_THROW_WITH(
+      PipelineSchedule(
+          model, {8, 8}, mse,
+          PipelineScheduleOptions(2).schedule(ScheduleKind::kZeroBubble).stages_per_worker(2)),
+      c10::ValueError, "schedule zb1p runs one stage per worker, but stages_per_worker is 2");
   PipelineSchedule pipe(model, {8, 8}, mse, PipelineScheduleOptions(2));
   GPIPE_EXPECT_THROW_WITH(
       pipe.step(torch::randn({4, 5}, torch::kDouble), torch::randn({3, 3}, torch::kDouble)),

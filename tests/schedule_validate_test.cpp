@@ -21,6 +21,7 @@ TEST(ScheduleValidateTest, GeneratedSchedulesAreValid) {
         const auto options = ValidateOptions().queue_capacity(capacity);
         EXPECT_NO_THROW(validate(gpipe_schedule(stages, m), options)) << stages << " " << m;
         EXPECT_NO_THROW(validate(one_f_one_b_schedule(stages, m), options)) << stages << " " << m;
+        EXPECT_NO_THROW(validate(zb1p_schedule(stages, m), options)) << stages << " " << m;
         // Interleaved 1F1B sends ahead more than one message per edge: it needs room for them.
         if (capacity == 1) continue;
         for (int64_t v = 1; v <= 3; ++v) {
@@ -56,6 +57,37 @@ TEST(ScheduleValidateTest, PendingMicroBatchesPerStage) {
   }
 }
 
+// ZB1P splits every backward; stage s defers s weight passes on top of 1F1B's S - s pending
+// forwards, so every stage holds at most min(S, M) micro-batches, stage 0 as many as in 1F1B.
+TEST(ScheduleValidateTest, ZeroBubblePendingMicroBatchesPerStage) {
+  for (int64_t stages = 1; stages <= 4; ++stages) {
+    for (int64_t m = 1; m <= 8; ++m) {
+      const Schedule schedule = zb1p_schedule(stages, m);
+      const Timeline timeline = simulate(schedule);
+      const Timeline one_f_one_b = simulate(one_f_one_b_schedule(stages, m));
+      ASSERT_EQ(timeline.max_pending.size(), static_cast<size_t>(stages));
+      EXPECT_EQ(timeline.max_pending[0], one_f_one_b.max_pending[0]) << stages << " " << m;
+      for (int64_t s = 0; s < stages; ++s) {
+        EXPECT_EQ(one_f_one_b.max_pending[s], std::min(stages - s, m));
+        EXPECT_LE(timeline.max_pending[s], std::min(stages, m)) << stages << " " << m;
+        int64_t forwards = 0, inputs = 0, weights = 0;
+        for (const Action& a : schedule.actions[s]) {
+          EXPECT_NE(a.kind, K::kBackward) << a;
+          forwards += a.kind == K::kForward;
+          inputs += a.kind == K::kBackwardInput;
+          weights += a.kind == K::kBackwardWeight;
+        }
+        EXPECT_EQ(forwards, m);
+        EXPECT_EQ(inputs, m);
+        EXPECT_EQ(weights, m);
+      }
+      // Each stage runs M more compute rounds than 1F1B (its W's), and the W's fill bubbles
+      // instead of adding any.
+      EXPECT_LE(timeline.num_rounds, one_f_one_b.num_rounds + m) << stages << " " << m;
+    }
+  }
+}
+
 TEST(ScheduleValidateTest, InterleavedRunsEveryStageOnItsWorker) {
   const Schedule schedule = interleaved_one_f_one_b_schedule(2, 2, 4);
   EXPECT_EQ(schedule.num_workers, 2);
@@ -83,6 +115,10 @@ TEST(ScheduleValidateTest, MakeScheduleChecksStages) {
   GPIPE_EXPECT_THROW_WITH(gpipe_schedule(2, 0), c10::ValueError,
                           "num_microbatches must be positive, but got 0");
   EXPECT_EQ(parse_schedule_kind("1f1b"), ScheduleKind::kOneFOneB);
+  EXPECT_EQ(parse_schedule_kind("zb1p"), ScheduleKind::kZeroBubble);
+  EXPECT_EQ(c10::str(ScheduleKind::kZeroBubble), "zb1p");
+  GPIPE_EXPECT_THROW_WITH(make_schedule(ScheduleKind::kZeroBubble, 2, 4, 4), c10::ValueError,
+                          "schedule zb1p runs one stage per worker, but got 4 stages for 2");
   GPIPE_EXPECT_THROW_WITH(parse_schedule_kind("zb"), c10::ValueError, "unknown schedule kind 'zb'");
 }
 
@@ -112,6 +148,47 @@ TEST(ScheduleValidateTest, RejectsBackwardBeforeItsGradientArrives) {
   GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
                           "Backward(microbatch=0, stage=0): uses the gradient of micro-batch 0 "
                           "before it arrives");
+}
+
+TEST(ScheduleValidateTest, RejectsWeightBeforeInputGradient) {
+  Schedule schedule = zb1p_schedule(2, 1);
+  auto& w1 = schedule.actions[1];
+  ASSERT_EQ(w1, (std::vector<Action>{{K::kRecvActivation, 0, 1},
+                                     {K::kForward, 0, 1},
+                                     {K::kBackwardInput, 0, 1},
+                                     {K::kSendGradient, 0, 1},
+                                     {K::kBackwardWeight, 0, 1}}));
+  std::rotate(w1.begin() + 2, w1.begin() + 4, w1.end());
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "worker 1, action 2, BackwardWeight(microbatch=0, stage=1): runs before "
+                          "the BackwardInput of micro-batch 0 on stage 1");
+}
+
+TEST(ScheduleValidateTest, RejectsGradientSentBeforeInputGradient) {
+  Schedule schedule = zb1p_schedule(2, 1);
+  auto& w1 = schedule.actions[1];
+  std::swap(w1[2], w1[3]);  // SendGradient, then BackwardInput
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "worker 1, action 2, SendGradient(microbatch=0, stage=1): sends the "
+                          "gradient of micro-batch 0 before it is computed (no Backward or "
+                          "BackwardInput of it before)");
+}
+
+TEST(ScheduleValidateTest, RejectsMissingOrRepeatedWeightGradient) {
+  Schedule schedule = zb1p_schedule(2, 2);
+  auto& w0 = schedule.actions[0];
+  w0.erase(std::find(w0.begin(), w0.end(), Action{K::kBackwardWeight, 1, 0}));
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "it never runs BackwardWeight(microbatch=1, stage=0)");
+  schedule.actions[0].push_back({K::kBackwardWeight, 0, 0});
+  GPIPE_EXPECT_THROW_WITH(validate(schedule), c10::ValueError,
+                          "BackwardWeight(microbatch=0, stage=0): micro-batch 0 already has its "
+                          "weight gradient on stage 0");
+  // A fused backward already computed the weight gradient.
+  Schedule mixed = gpipe_schedule(2, 1);
+  mixed.actions[1].push_back({K::kBackwardWeight, 0, 1});
+  GPIPE_EXPECT_THROW_WITH(validate(mixed), c10::ValueError,
+                          "micro-batch 0 already has its weight gradient on stage 1");
 }
 
 TEST(ScheduleValidateTest, RejectsDeadlock) {

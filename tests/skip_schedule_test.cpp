@@ -38,22 +38,38 @@ Sequential residual_model() {
   return model;
 }
 
+// residual_model() behind a Linear(4, 4): with balance {1, 4, 1} the skip lies in a middle
+// stage, whose backward ZB1P splits.
+Sequential prefixed_residual_model() {
+  auto residual = residual_model();
+  torch::manual_seed(1);
+  Sequential model(torch::nn::Linear(4, 4));
+  for (const auto& layer : *residual) model->push_back(layer);
+  model->to(torch::kDouble);
+  return model;
+}
+
 TEST(SkipScheduleTest, SkipWithinAStage) {
   const auto input = torch::randn({8, 4}, torch::kDouble);
   const auto target = torch::randn({8, 2}, torch::kDouble);
-  auto plain = residual_model();
-  const auto expected = torch::mse_loss(plain->forward(input), target);
-  expected.backward();
-
-  for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
-    auto model = residual_model();
-    PipelineSchedule pipe(model, {4, 1}, mse, PipelineScheduleOptions(4).schedule(kind));
-    EXPECT_TRUE(torch::allclose(pipe.step(input, target), expected, 1e-6, 1e-12));
-    const auto expected_parameters = plain->parameters();
-    const auto parameters = model->parameters();
-    for (size_t k = 0; k < parameters.size(); ++k) {
-      EXPECT_TRUE(torch::allclose(parameters[k].grad(), expected_parameters[k].grad(), 1e-6, 1e-12))
-          << "parameter " << k;
+  for (const bool prefixed : {false, true}) {
+    auto plain = prefixed ? prefixed_residual_model() : residual_model();
+    const auto expected = torch::mse_loss(plain->forward(input), target);
+    expected.backward();
+    const std::vector<int64_t> balance =
+        prefixed ? std::vector<int64_t>{1, 4, 1} : std::vector<int64_t>{4, 1};
+    for (const auto kind :
+         {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble}) {
+      auto model = prefixed ? prefixed_residual_model() : residual_model();
+      PipelineSchedule pipe(model, balance, mse, PipelineScheduleOptions(4).schedule(kind));
+      EXPECT_TRUE(torch::allclose(pipe.step(input, target), expected, 1e-6, 1e-12)) << kind;
+      const auto expected_parameters = plain->parameters();
+      const auto parameters = model->parameters();
+      for (size_t k = 0; k < parameters.size(); ++k) {
+        EXPECT_TRUE(
+            torch::allclose(parameters[k].grad(), expected_parameters[k].grad(), 1e-6, 1e-12))
+            << kind << ", prefixed " << prefixed << ", parameter " << k;
+      }
     }
   }
 }

@@ -11,6 +11,10 @@ std::ostream& operator<<(std::ostream& out, ActionKind kind) {
       return out << "Forward";
     case ActionKind::kBackward:
       return out << "Backward";
+    case ActionKind::kBackwardInput:
+      return out << "BackwardInput";
+    case ActionKind::kBackwardWeight:
+      return out << "BackwardWeight";
     case ActionKind::kSendActivation:
       return out << "SendActivation";
     case ActionKind::kRecvActivation:
@@ -24,7 +28,8 @@ std::ostream& operator<<(std::ostream& out, ActionKind kind) {
 }
 
 bool is_compute(ActionKind kind) {
-  return kind == ActionKind::kForward || kind == ActionKind::kBackward;
+  return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
+         kind == ActionKind::kBackwardInput || kind == ActionKind::kBackwardWeight;
 }
 
 bool operator==(const Action& a, const Action& b) {

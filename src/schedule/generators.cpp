@@ -32,6 +32,8 @@ Schedule with_communication(int64_t num_workers, int64_t num_stages, int64_t num
         if (!first) actions.push_back({ActionKind::kRecvActivation, a.microbatch, a.stage});
         actions.push_back(a);
         if (!last) actions.push_back({ActionKind::kSendActivation, a.microbatch, a.stage});
+      } else if (a.kind == ActionKind::kBackwardWeight) {
+        actions.push_back(a);  // local: nothing to receive or send
       } else {
         if (!last) actions.push_back({ActionKind::kRecvGradient, a.microbatch, a.stage});
         actions.push_back(a);
@@ -52,6 +54,8 @@ std::ostream& operator<<(std::ostream& out, ScheduleKind kind) {
       return out << "1f1b";
     case ScheduleKind::kInterleavedOneFOneB:
       return out << "interleaved_1f1b";
+    case ScheduleKind::kZeroBubble:
+      return out << "zb1p";
   }
   return out << "ScheduleKind(" << static_cast<int>(kind) << ")";
 }
@@ -60,8 +64,9 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::kGPipe;
   if (name == "1f1b") return ScheduleKind::kOneFOneB;
   if (name == "interleaved_1f1b") return ScheduleKind::kInterleavedOneFOneB;
+  if (name == "zb1p") return ScheduleKind::kZeroBubble;
   TORCH_CHECK_VALUE(false, "unknown schedule kind '", name,
-                    "' (expected gpipe, 1f1b or interleaved_1f1b)");
+                    "' (expected gpipe, 1f1b, interleaved_1f1b or zb1p)");
 }
 
 Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches) {
@@ -95,6 +100,33 @@ Schedule one_f_one_b_schedule(int64_t num_stages, int64_t num_microbatches) {
     for (; backward < num_microbatches; ++backward) {
       computes[s].push_back({ActionKind::kBackward, backward, s});
     }
+  }
+  return with_communication(num_stages, num_stages, num_microbatches, computes);
+}
+
+Schedule zb1p_schedule(int64_t num_stages, int64_t num_microbatches) {
+  check_positive(num_stages, "num_stages");
+  check_positive(num_microbatches, "num_microbatches");
+  std::vector<std::vector<Action>> computes(num_stages);
+  for (const auto s : c10::irange(num_stages)) {
+    auto& list = computes[s];
+    const int64_t warmup = std::min(num_stages - 1 - s, num_microbatches);
+    // Stage s gets its last gradient S - 1 - s steps after the last stage; deferring s weight
+    // passes fills that wait, so every stage ends at about the same time.
+    const int64_t deferred = s;
+    int64_t forward = 0, backward = 0, weight = 0;
+    const auto backward_then_weight = [&] {
+      list.push_back({ActionKind::kBackwardInput, backward++, s});
+      while (backward - weight > deferred)
+        list.push_back({ActionKind::kBackwardWeight, weight++, s});
+    };
+    for (; forward < warmup; ++forward) list.push_back({ActionKind::kForward, forward, s});
+    for (; forward < num_microbatches; ++forward) {
+      list.push_back({ActionKind::kForward, forward, s});
+      backward_then_weight();
+    }
+    while (backward < num_microbatches) backward_then_weight();
+    while (weight < num_microbatches) list.push_back({ActionKind::kBackwardWeight, weight++, s});
   }
   return with_communication(num_stages, num_stages, num_microbatches, computes);
 }
@@ -179,11 +211,15 @@ Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stage
   switch (kind) {
     case ScheduleKind::kGPipe:
     case ScheduleKind::kOneFOneB:
+    case ScheduleKind::kZeroBubble:
       TORCH_CHECK_VALUE(num_stages == num_workers, "schedule ", kind,
                         " runs one stage per worker, but got ", num_stages, " stages for ",
                         num_workers, " workers");
-      return kind == ScheduleKind::kGPipe ? gpipe_schedule(num_stages, num_microbatches)
-                                          : one_f_one_b_schedule(num_stages, num_microbatches);
+      if (kind == ScheduleKind::kGPipe) return gpipe_schedule(num_stages, num_microbatches);
+      if (kind == ScheduleKind::kOneFOneB) {
+        return one_f_one_b_schedule(num_stages, num_microbatches);
+      }
+      return zb1p_schedule(num_stages, num_microbatches);
     case ScheduleKind::kInterleavedOneFOneB:
       TORCH_CHECK_VALUE(num_stages % num_workers == 0, "schedule ", kind,
                         " needs the number of stages to be a multiple of the number of workers, "

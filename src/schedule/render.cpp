@@ -23,7 +23,10 @@ std::string render(const Schedule& schedule) {
       const Action& a = schedule.actions[w][k];
       if (!is_compute(a.kind)) continue;
       std::ostringstream cell;
-      cell << (a.kind == ActionKind::kForward ? 'F' : 'B') << a.microbatch;
+      const char letter = a.kind == ActionKind::kForward          ? 'F'
+                          : a.kind == ActionKind::kBackwardWeight ? 'W'
+                                                                  : 'B';
+      cell << letter << a.microbatch;
       if (interleaved) cell << ':' << a.stage;
       cells[w][timeline.rounds[w][k]] = cell.str();
       width = std::max(width, cell.str().size());

@@ -98,6 +98,12 @@ PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, Lo
                     "schedule ", options_.schedule(),
                     " runs one stage per worker, but stages_per_worker is ",
                     options_.stages_per_worker());
+  // The checkpoint's recomputation runs inside one autograd node, which has no split point
+  // between the input's and the parameters' gradients.
+  TORCH_CHECK_VALUE(!(options_.checkpoint() && options_.schedule() == ScheduleKind::kZeroBubble),
+                    "schedule ", options_.schedule(),
+                    " splits each backward into input and weight gradients, which checkpoint "
+                    "cannot: use checkpoint with gpipe, 1f1b or interleaved_1f1b");
   num_workers_ = S / options_.stages_per_worker();
   auto devices = options_.devices();
   if (devices.empty()) devices.assign(S, c10::Device(c10::kCPU));
@@ -210,13 +216,18 @@ void PipelineSchedule::run_worker(int64_t worker, const Schedule& schedule,
       case ActionKind::kRecvGradient:
         received_grads.emplace(key(a), transport.recv(a.stage + 1, a.stage, i));
         break;
-      case ActionKind::kBackward: {
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput: {
         Batch grad =
             stage.is_last() ? Batch(std::vector<at::Tensor>{}) : take(received_grads, key(a), a);
-        Batch grad_input = stage.backward(i, grad);
+        Batch grad_input = a.kind == ActionKind::kBackward ? stage.backward(i, grad)
+                                                           : stage.backward_input(i, grad);
         if (!stage.is_first()) grad_inputs.emplace(key(a), std::move(grad_input));
         break;
       }
+      case ActionKind::kBackwardWeight:
+        stage.backward_weight(i);
+        break;
       case ActionKind::kSendGradient:
         transport.send(take(grad_inputs, key(a), a), a.stage, a.stage - 1, i);
         break;

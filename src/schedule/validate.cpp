@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <sstream>
@@ -28,10 +29,20 @@ class Simulation {
         M_(schedule.num_microbatches),
         forwarded_(S_ * M_, false),
         backwarded_(S_ * M_, false),
+        weighted_(S_ * M_, false),
         activation_received_(S_ * M_, false),
         gradient_received_(S_ * M_, false),
         activation_sent_(S_ * M_, false),
-        gradient_sent_(S_ * M_, false) {}
+        gradient_sent_(S_ * M_, false),
+        pending_(S_, 0),
+        max_pending_(S_, 0) {
+    for (const auto& actions : schedule.actions) {
+      for (const Action& a : actions) {
+        split_ =
+            split_ || a.kind == ActionKind::kBackwardInput || a.kind == ActionKind::kBackwardWeight;
+      }
+    }
+  }
 
   Timeline run();
 
@@ -49,8 +60,13 @@ class Simulation {
   const int64_t capacity_;
   const int64_t S_;
   const int64_t M_;
-  std::vector<bool> forwarded_, backwarded_, activation_received_, gradient_received_,
+  // backwarded_: the input gradient is computed (Backward or BackwardInput); weighted_: the
+  // weight gradient too (Backward or BackwardWeight), which frees the micro-batch's graph.
+  std::vector<bool> forwarded_, backwarded_, weighted_, activation_received_, gradient_received_,
       activation_sent_, gradient_sent_;
+  // Per stage: micro-batches forwarded and not yet weighted, now and at most.
+  std::vector<int64_t> pending_, max_pending_;
+  bool split_ = false;  // the schedule splits backwards
   std::map<std::pair<int64_t, int64_t>, std::deque<Message>> queues_;
 };
 
@@ -84,8 +100,10 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         "uses the activation of micro-batch ", i,
                         " before it arrives (no RecvActivation of it before)");
       forwarded_[k] = true;
+      max_pending_[s] = std::max(max_pending_[s], ++pending_[s]);
       return Step::kRan;
     case ActionKind::kBackward:
+    case ActionKind::kBackwardInput:
       TORCH_CHECK_VALUE(!backwarded_[k], where(w, pc), "micro-batch ", i,
                         " was already backwarded on stage ", s);
       TORCH_CHECK_VALUE(forwarded_[k], where(w, pc), "runs before the forward of micro-batch ", i,
@@ -94,6 +112,18 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         "uses the gradient of micro-batch ", i,
                         " before it arrives (no RecvGradient of it before)");
       backwarded_[k] = true;
+      if (a.kind == ActionKind::kBackward) {
+        weighted_[k] = true;
+        --pending_[s];
+      }
+      return Step::kRan;
+    case ActionKind::kBackwardWeight:
+      TORCH_CHECK_VALUE(!weighted_[k], where(w, pc), "micro-batch ", i,
+                        " already has its weight gradient on stage ", s);
+      TORCH_CHECK_VALUE(backwarded_[k], where(w, pc),
+                        "runs before the BackwardInput of micro-batch ", i, " on stage ", s);
+      weighted_[k] = true;
+      --pending_[s];
       return Step::kRan;
     case ActionKind::kSendActivation:
     case ActionKind::kSendGradient: {
@@ -105,8 +135,8 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
       TORCH_CHECK_VALUE(!sent[k], where(w, pc), "micro-batch ", i, " was already sent");
       TORCH_CHECK_VALUE(activation ? forwarded_[k] : backwarded_[k], where(w, pc), "sends the ",
                         activation ? "activation" : "gradient", " of micro-batch ", i,
-                        " before it is computed (no ", activation ? "Forward" : "Backward",
-                        " of it before)");
+                        " before it is computed (no ",
+                        activation ? "Forward" : "Backward or BackwardInput", " of it before)");
       auto& q = queue(s, to);
       if (capacity_ > 0 && static_cast<int64_t>(q.size()) >= capacity_) return Step::kWait;
       q.push_back({i, round + 1});
@@ -159,6 +189,7 @@ Timeline Simulation::run() {
     }
     if (finished) {
       timeline.num_rounds = round + 1;
+      timeline.max_pending = max_pending_;
       break;
     }
     if (!progressed) {
@@ -177,7 +208,9 @@ Timeline Simulation::run() {
       TORCH_CHECK_VALUE(forwarded_[k], "invalid schedule: it never runs ",
                         Action{ActionKind::kForward, i, s});
       TORCH_CHECK_VALUE(backwarded_[k], "invalid schedule: it never runs ",
-                        Action{ActionKind::kBackward, i, s});
+                        Action{split_ ? ActionKind::kBackwardInput : ActionKind::kBackward, i, s});
+      TORCH_CHECK_VALUE(weighted_[k], "invalid schedule: it never runs ",
+                        Action{ActionKind::kBackwardWeight, i, s});
     }
   }
   for (const auto& entry : queues_) {

@@ -8,8 +8,10 @@
 //
 // Messages: stage s sends the activation of micro-batch i to stage s + 1 (kSendActivation on s,
 // kRecvActivation on s + 1) and stage s + 1 sends the gradient of that input back
-// (kSendGradient on s + 1, kRecvGradient on s). Each directed edge between two stages carries its
-// messages first in, first out, so a receiver takes them in the order they were sent.
+// (kSendGradient on s + 1, kRecvGradient on s). A backward is either one kBackward or, in
+// zero-bubble schedules, kBackwardInput (whose result is sent) and later kBackwardWeight. Each
+// directed edge between two stages carries its messages first in, first out, so a receiver takes
+// them in the order they were sent.
 //
 // Thread safety: plain values; a const Schedule may be read from any thread.
 #pragma once
@@ -26,6 +28,8 @@ namespace schedule {
 enum class ActionKind {
   kForward,         ///< forward of one micro-batch on one stage (the last one adds the loss)
   kBackward,        ///< backward of one micro-batch on one stage
+  kBackwardInput,   ///< the input-gradient half of a backward (zero-bubble schedules)
+  kBackwardWeight,  ///< the weight-gradient half, after kBackwardInput of the same micro-batch
   kSendActivation,  ///< send the output of a forward to the next stage
   kRecvActivation,  ///< receive the input of a forward from the previous stage
   kSendGradient,    ///< send the gradient of a stage's input to the previous stage
@@ -34,7 +38,7 @@ enum class ActionKind {
 
 std::ostream& operator<<(std::ostream& out, ActionKind kind);
 
-/// True for kForward and kBackward, the actions that compute.
+/// True for kForward, kBackward, kBackwardInput and kBackwardWeight, the actions that compute.
 bool is_compute(ActionKind kind);
 
 /// One step of a worker: `kind` for micro-batch `microbatch` on stage `stage`.

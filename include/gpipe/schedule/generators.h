@@ -1,4 +1,5 @@
-// Schedule generators: GPipe (fill-drain), 1F1B and interleaved 1F1B as lists of actions.
+// Schedule generators: GPipe (fill-drain), 1F1B, interleaved 1F1B and zero-bubble ZB1P as lists
+// of actions.
 //
 // Every generator places the receive of a tensor right before the compute that uses it and the
 // send right after the compute that produces it, so a worker blocks only when its input has not
@@ -16,6 +17,12 @@
 //     if ready. The interleaving comes from a unit-time simulation of all workers, which lifts
 //     the bound only in a tick where nothing else could run. The bubble shrinks by about v. It
 //     sends ahead, so it needs edge queues of more than one message (the runtime gives M).
+//   ZB1P (ZB-H1 of "Zero Bubble Pipeline Parallelism", Qi et al., 2023): 1F1B's order with each
+//     backward split into B (input gradient, sent upstream at once) and W (weight gradient, local).
+//     Stage s runs W of micro-batch j after B of micro-batch j + s (the last s at the end): the
+//     last stage, which finishes its B's first, defers the most W's, and they fill the cooldown
+//     waits that 1F1B leaves idle. Stage s holds at most S micro-batches (S - s not yet through B,
+//     s more waiting for W), as 1F1B's stage 0 does.
 //
 // Thread safety: pure functions.
 #pragma once
@@ -34,11 +41,12 @@ enum class ScheduleKind {
   kGPipe,                ///< fill-drain: all forwards, then all backwards
   kOneFOneB,             ///< one forward, one backward (PipeDream-Flush)
   kInterleavedOneFOneB,  ///< 1F1B with several virtual stages per worker
+  kZeroBubble,           ///< ZB1P: 1F1B with backward split, weight gradients fill the bubbles
 };
 
 std::ostream& operator<<(std::ostream& out, ScheduleKind kind);
 
-/// Parses "gpipe", "1f1b" or "interleaved_1f1b". Throws c10::ValueError for anything else.
+/// Parses "gpipe", "1f1b", "interleaved_1f1b" or "zb1p". Throws c10::ValueError for anything else.
 ScheduleKind parse_schedule_kind(const std::string& name);
 
 /// GPipe over `num_stages` stages (one per worker) and `num_microbatches` micro-batches.
@@ -49,14 +57,18 @@ Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches);
 /// positive.
 Schedule one_f_one_b_schedule(int64_t num_stages, int64_t num_microbatches);
 
+/// ZB1P over `num_stages` stages (one per worker): kBackwardInput and kBackwardWeight instead of
+/// kBackward. Throws c10::ValueError unless both are positive.
+Schedule zb1p_schedule(int64_t num_stages, int64_t num_microbatches);
+
 /// Interleaved 1F1B: `num_workers` workers with `stages_per_worker` stages each. Throws
 /// c10::ValueError unless all three are positive.
 Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_per_worker,
                                           int64_t num_microbatches);
 
-/// The schedule of `kind` for `num_stages` stages on `num_workers` workers. GPipe and 1F1B need
-/// num_stages == num_workers; interleaved 1F1B needs num_stages to be a multiple of num_workers.
-/// Throws c10::ValueError otherwise.
+/// The schedule of `kind` for `num_stages` stages on `num_workers` workers. GPipe, 1F1B and ZB1P
+/// need num_stages == num_workers; interleaved 1F1B needs num_stages to be a multiple of
+/// num_workers. Throws c10::ValueError otherwise.
 Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stages,
                        int64_t num_microbatches);
 

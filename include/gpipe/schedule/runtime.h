@@ -1,6 +1,6 @@
 // PipelineSchedule: trains a model split into stages with an explicit pipeline schedule (GPipe,
-// 1F1B, interleaved 1F1B), one worker thread per group of stages, forward and backward running in
-// parallel across stages.
+// 1F1B, interleaved 1F1B, ZB1P), one worker thread per group of stages, forward and backward
+// running in parallel across stages.
 //
 // step(input, target) splits the batch into micro-batches, validates the schedule (validate.h),
 // and starts one thread per worker, each running its list of actions; a ThreadTransport carries
@@ -86,7 +86,7 @@ struct PipelineScheduleOptions {
   TORCH_ARG(int64_t, intra_op_threads) = 1;
 
   /// Activation checkpointing in every stage: forwards keep only their inputs, backwards
-  /// recompute. Default: false.
+  /// recompute. Not with kZeroBubble, whose split backward it cannot split. Default: false.
   TORCH_ARG(bool, checkpoint) = false;
 
   /// How the loss function reduces a micro-batch. Default: LossReduction::kMean.
@@ -108,8 +108,9 @@ struct PipelineScheduleOptions {
 class PipelineSchedule {
  public:
   /// One Sequential per stage, in order. Throws c10::ValueError for no stages, an empty stage,
-  /// a stage count that the schedule cannot run, a non-positive option, or a skip connection
-  /// (skip/skippable.h) between stages; c10::IndexError for too few devices.
+  /// a stage count that the schedule cannot run, a non-positive option, checkpoint with
+  /// kZeroBubble, or a skip connection (skip/skippable.h) between stages; c10::IndexError for
+  /// too few devices.
   PipelineSchedule(std::vector<torch::nn::Sequential> stages, LossFunction loss,
                    PipelineScheduleOptions options);
 

@@ -8,6 +8,15 @@
 // as in one backward of the full batch. The first stage takes the user's input as it is; the last
 // computes the loss, scaled by the micro-batch's share of the batch (see runtime.h).
 //
+// Split backward (zero-bubble schedules): backward_input() computes only the gradient of the
+// input, which the previous stage waits for, and keeps the graph; backward_weight() later computes
+// the parameters' gradients and frees the graph. Together they give what backward() gives. The
+// split point is each autograd node where the input's path and a parameter's path part (e.g. a
+// Linear's AddmmBackward): backward_input() runs the graph towards the input only, capturing the
+// gradient that reaches each such node, and backward_weight() runs from those nodes towards the
+// parameters only. The first stage has no input gradient to send, so its backward_input() does
+// nothing and its backward_weight() runs the whole backward.
+//
 // Thread safety: a Stage is used by one thread at a time (the worker that runs it), so its state
 // needs no lock.
 #pragma once
@@ -16,11 +25,13 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <torch/csrc/autograd/edge.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <vector>
 
 namespace gpipe {
 namespace schedule {
@@ -59,6 +70,15 @@ class Stage {
   /// Throws c10::ValueError if `microbatch` has no forward pending.
   Batch backward(int64_t microbatch, const Batch& grad_output);
 
+  /// The first half of backward(): the gradient of the input of `microbatch`, returned like
+  /// backward()'s; the parameters' gradients wait for backward_weight(). Keeps the graph.
+  /// Throws c10::ValueError if `microbatch` has no forward pending or already ran this.
+  Batch backward_input(int64_t microbatch, const Batch& grad_output);
+
+  /// The second half: accumulates the parameters' gradients of `microbatch` as backward() would,
+  /// then frees its graph. Throws c10::ValueError if backward_input() of it has not run.
+  void backward_weight(int64_t microbatch);
+
   /// Drops every pending micro-batch, e.g. after a failed step.
   void clear();
 
@@ -70,7 +90,16 @@ class Stage {
   struct Pending {
     Batch input;
     Batch output;  // the scaled loss on the last stage
+    // Set by backward_input(): where backward_weight() starts, and with which gradients.
+    bool input_done = false;
+    torch::autograd::edge_list weight_roots = {};
+    std::vector<at::Tensor> weight_grads = {};
   };
+
+  // The stage's outputs that take a gradient, with their gradients (the last stage: its loss).
+  void backward_roots(int64_t microbatch, const Pending& pending, const Batch& grad_output,
+                      std::vector<at::Tensor>* outputs, std::vector<at::Tensor>* grads) const;
+  Pending& find_pending(int64_t microbatch, const char* what);
 
   Batch run(const Batch& input);
   Batch prepare_input(const Batch& input) const;

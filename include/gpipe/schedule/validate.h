@@ -1,9 +1,9 @@
 // Schedule validation: simulates the workers' action lists and rejects a schedule that would
 // deadlock, use a tensor before it arrives, or leave work undone, naming the offending action.
 //
-// The simulation runs in rounds. In each round every worker runs its actions in order until it
-// has run one compute action (forward or backward) or must wait: a receive waits until the
-// message is at the front of its edge's queue (messages sent in a round arrive in the next), a
+// The simulation runs in rounds. In each round every worker runs its actions in order until it has
+// run one compute action (a forward, a backward or half of one) or must wait: a receive waits until
+// the message is at the front of its edge's queue (messages sent in a round arrive in the next), a
 // send waits while the queue holds `queue_capacity` messages. A round in which no worker moves
 // is a deadlock. The round of each action is its time in render().
 //
@@ -33,14 +33,18 @@ struct Timeline {
   std::vector<std::vector<int64_t>> rounds;
   /// The number of rounds in all.
   int64_t num_rounds = 0;
+  /// max_pending[s] is the most micro-batches stage s held at once: forwarded, with their weight
+  /// gradient (Backward or BackwardWeight) not computed yet. Their graphs are what a stage keeps.
+  std::vector<int64_t> max_pending;
 };
 
 /// Simulates `schedule`; throws c10::ValueError naming the worker, the position and the action
 /// where it is invalid: an action of a stage that another worker runs, a micro-batch or stage out
-/// of range, a forward before its input is received, a backward before its forward or before its
-/// output gradient is received, a send of something not computed yet, a receive out of order, a
-/// duplicate, a deadlock (naming where every waiting worker waits), or a forward, backward or
-/// message that never happens.
+/// of range, a forward before its input is received, a backward (or BackwardInput) before its
+/// forward or before its output gradient is received, a BackwardWeight before the BackwardInput
+/// of the same micro-batch and stage, a send of something not computed yet (SendGradient before
+/// Backward or BackwardInput), a receive out of order, a duplicate, a deadlock (naming where every
+/// waiting worker waits), or a forward, backward or message that never happens.
 Timeline simulate(const Schedule& schedule, const ValidateOptions& options = {});
 
 /// simulate(), keeping only the verdict.
