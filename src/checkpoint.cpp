@@ -14,6 +14,27 @@
 #include <utility>
 
 namespace gpipe {
+
+CheckpointMode parse_checkpoint_mode(const std::string& name) {
+  if (name == "always") return CheckpointMode::kAlways;
+  if (name == "except_last") return CheckpointMode::kExceptLast;
+  if (name == "never") return CheckpointMode::kNever;
+  TORCH_CHECK_VALUE(false, "checkpoint is not one of 'always', 'except_last', or 'never' (got '",
+                    name, "')");
+}
+
+std::ostream& operator<<(std::ostream& out, CheckpointMode mode) {
+  switch (mode) {
+    case CheckpointMode::kAlways:
+      return out << "always";
+    case CheckpointMode::kExceptLast:
+      return out << "except_last";
+    case CheckpointMode::kNever:
+      return out << "never";
+  }
+  return out << "CheckpointMode(" << static_cast<int>(mode) << ")";
+}
+
 namespace {
 
 thread_local bool checkpointing = false;

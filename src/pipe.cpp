@@ -54,26 +54,6 @@ void verify_module(torch::nn::Sequential& module) {
 
 }  // namespace
 
-CheckpointMode parse_checkpoint_mode(const std::string& name) {
-  if (name == "always") return CheckpointMode::kAlways;
-  if (name == "except_last") return CheckpointMode::kExceptLast;
-  if (name == "never") return CheckpointMode::kNever;
-  TORCH_CHECK_VALUE(false, "checkpoint is not one of 'always', 'except_last', or 'never' (got '",
-                    name, "')");
-}
-
-std::ostream& operator<<(std::ostream& out, CheckpointMode mode) {
-  switch (mode) {
-    case CheckpointMode::kAlways:
-      return out << "always";
-    case CheckpointMode::kExceptLast:
-      return out << "except_last";
-    case CheckpointMode::kNever:
-      return out << "never";
-  }
-  return out << "CheckpointMode(" << static_cast<int>(mode) << ")";
-}
-
 GPipeOptions::GPipeOptions(std::vector<int64_t> balance) : balance_(std::move(balance)) {}
 
 GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)

@@ -101,7 +101,7 @@ TEST(TrainConfigTest, DefaultsAreTheDefaultJob) {
   EXPECT_EQ(c.data, std::vector<std::string>{kDefaultCorpusDirectory});
   EXPECT_EQ(c.stages, 2);
   EXPECT_EQ(c.schedule, "1f1b");
-  EXPECT_FALSE(c.checkpoint);
+  EXPECT_EQ(c.checkpoint, CheckpointMode::kNever);
   EXPECT_EQ(c.model.num_layers(), 4);
 }
 
@@ -111,7 +111,9 @@ TEST(TrainConfigTest, Errors) {
                           "embedding + head)");
   GPIPE_EXPECT_THROW_WITH(
       parse_train_config({"--schedule", "2f2b"}), UsageError,
-      "--schedule must be one of gpipe, 1f1b, interleaved_1f1b, but got '2f2b'");
+      "--schedule must be one of gpipe, 1f1b, interleaved_1f1b, zb1p, but got '2f2b'");
+  GPIPE_EXPECT_THROW_WITH(parse_train_config({"--schedule", "zb1p", "--checkpoint", "always"}),
+                          UsageError, "--checkpoint cannot be used with --schedule zb1p");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--heads", "3"}), UsageError,
                           "--heads 3 must divide --embedding-dim 128");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--load", "m.pt", "--layers", "2"}), UsageError,
@@ -122,8 +124,9 @@ TEST(TrainConfigTest, Errors) {
                           "--devices: 'gpu7' is not a device");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--virtual-stages", "2"}), UsageError,
                           "--virtual-stages needs --schedule interleaved_1f1b");
-  GPIPE_EXPECT_THROW_WITH(parse_train_config({"--checkpoint", "sometimes"}), UsageError,
-                          "--checkpoint must be one of never, always, but got 'sometimes'");
+  GPIPE_EXPECT_THROW_WITH(
+      parse_train_config({"--checkpoint", "sometimes"}), UsageError,
+      "--checkpoint must be one of never, always, except_last, but got 'sometimes'");
 }
 
 TEST(TextCorpusTest, LoadsFilesAndDirectories) {

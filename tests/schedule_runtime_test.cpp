@@ -50,7 +50,8 @@ bool close(const at::Tensor& actual, const at::Tensor& expected) {
 
 // The plain model's loss and gradients against the pipeline's, for `stages` stages.
 void expect_equivalent(ScheduleKind kind, int64_t stages, int64_t chunks,
-                       int64_t stages_per_worker = 1, bool checkpoint = false) {
+                       int64_t stages_per_worker = 1,
+                       CheckpointMode checkpoint = CheckpointMode::kNever) {
   torch::manual_seed(1234);
   const at::Tensor input = torch::randn({10, 5}, torch::kDouble);
   const at::Tensor target = torch::randn({10, 3}, torch::kDouble);
@@ -66,7 +67,8 @@ void expect_equivalent(ScheduleKind kind, int64_t stages, int64_t chunks,
                             .stages_per_worker(stages_per_worker)
                             .checkpoint(checkpoint));
   const at::Tensor loss = pipe.step(input, target);
-  const std::string what = c10::str(kind, ", ", stages, " stages, ", chunks, " chunks");
+  const std::string what =
+      c10::str(kind, ", ", stages, " stages, ", chunks, " chunks, checkpoint ", checkpoint);
   EXPECT_TRUE(close(loss, expected_loss))
       << what << ": " << loss.item<double>() << " vs " << expected_loss.item<double>();
   const auto expected = plain->named_parameters();
@@ -112,10 +114,30 @@ TEST(ScheduleRuntimeTest, InterleavedOneFOneBEqualsPlainModel) {
 }
 
 TEST(ScheduleRuntimeTest, CheckpointingEqualsPlainModel) {
-  for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
-    expect_equivalent(kind, 3, 4, 1, /*checkpoint=*/true);
+  for (const auto mode : {CheckpointMode::kAlways, CheckpointMode::kExceptLast}) {
+    for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+      expect_equivalent(kind, 3, 4, 1, mode);
+      expect_equivalent(kind, 2, 1, 1, mode);
+    }
+    expect_equivalent(ScheduleKind::kInterleavedOneFOneB, 4, 5, 2, mode);
   }
-  expect_equivalent(ScheduleKind::kInterleavedOneFOneB, 4, 5, 2, /*checkpoint=*/true);
+}
+
+TEST(ScheduleRuntimeTest, ExceptLastRecomputesAllButTheLastMicroBatch) {
+  for (const auto mode : {CheckpointMode::kAlways, CheckpointMode::kExceptLast}) {
+    auto tracer = std::make_shared<trace::Tracer>();
+    PipelineSchedule pipe(make_model(0), even_balance(2), mse,
+                          PipelineScheduleOptions(4).checkpoint(mode).tracer(tracer));
+    pipe.step(torch::randn({8, 5}, torch::kDouble), torch::randn({8, 3}, torch::kDouble));
+    std::map<int64_t, int> recomputes;  // by micro-batch, over both stages
+    for (const auto& e : tracer->events()) {
+      if (e.name == "recompute") ++recomputes[e.microbatch];
+    }
+    const std::map<int64_t, int> expected =
+        mode == CheckpointMode::kAlways ? std::map<int64_t, int>{{0, 2}, {1, 2}, {2, 2}, {3, 2}}
+                                        : std::map<int64_t, int>{{0, 2}, {1, 2}, {2, 2}};
+    EXPECT_EQ(recomputes, expected) << mode;
+  }
 }
 
 TEST(ScheduleRuntimeTest, GradientsAccumulateAcrossSteps) {
@@ -248,9 +270,10 @@ TEST(ScheduleRuntimeTest, ChecksArguments) {
                           c10::ValueError,
                           "stages_per_worker (2) must divide the number of stages (3)");
   GPIPE_EXPECT_THROW_WITH(
-      PipelineSchedule(
-          model, {8, 8}, mse,
-          PipelineScheduleOptions(2).schedule(ScheduleKind::kZeroBubble).checkpoint(true)),
+      PipelineSchedule(model, {8, 8}, mse,
+                       PipelineScheduleOptions(2)
+                           .schedule(ScheduleKind::kZeroBubble)
+                           .checkpoint(CheckpointMode::kExceptLast)),
       c10::ValueError,
       "schedule zb1p splits each backward into input and weight gradients, which checkpoint "
       "cannot");

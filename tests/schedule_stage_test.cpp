@@ -45,7 +45,7 @@ void expect_split_equals_fused(int64_t index, bool shared) {
   std::vector<at::Tensor> parameter_grads[2];
   for (const bool split : {false, true}) {
     auto module = make_module(shared);
-    Stage stage(index, 3, module, c10::Device(c10::kCPU), /*checkpoint=*/false);
+    Stage stage(index, 3, module, c10::Device(c10::kCPU), CheckpointMode::kNever);
     for (int64_t i = 0; i < 2; ++i) {
       if (last) {
         stage.forward_loss(i, Batch(inputs[i]), Batch(grads[i]), mse, 0.5);
@@ -94,7 +94,7 @@ TEST(StageTest, SplitBackwardWithSharedWeights) {
 }
 
 TEST(StageTest, SplitBackwardChecksOrder) {
-  Stage stage(1, 3, make_module(false), c10::Device(c10::kCPU), /*checkpoint=*/false);
+  Stage stage(1, 3, make_module(false), c10::Device(c10::kCPU), CheckpointMode::kNever);
   const Batch grad(torch::ones({2, 3}, torch::kDouble));
   stage.forward(0, Batch(torch::randn({2, 5}, torch::kDouble)));
   GPIPE_EXPECT_THROW_WITH(stage.backward_weight(0), c10::ValueError,
@@ -111,7 +111,8 @@ TEST(StageTest, SplitBackwardChecksOrder) {
 
 // A stage without parameters: backward_input() does it all, backward_weight() has nothing to do.
 TEST(StageTest, SplitBackwardWithoutParameters) {
-  Stage stage(1, 3, torch::nn::Sequential(torch::nn::Tanh()), c10::Device(c10::kCPU), false);
+  Stage stage(1, 3, torch::nn::Sequential(torch::nn::Tanh()), c10::Device(c10::kCPU),
+              CheckpointMode::kNever);
   const at::Tensor x = torch::randn({2, 5}, torch::kDouble);
   const at::Tensor g = torch::randn({2, 5}, torch::kDouble);
   stage.forward(0, Batch(x));
@@ -153,7 +154,7 @@ TORCH_MODULE(RecordingLinear);
 // input gradient, each only its half of the node where the two paths part.
 TEST(StageTest, SplitBackwardComputesEachGradientOnce) {
   RecordingLinear linear;
-  Stage stage(1, 3, torch::nn::Sequential(linear), c10::Device(c10::kCPU), false);
+  Stage stage(1, 3, torch::nn::Sequential(linear), c10::Device(c10::kCPU), CheckpointMode::kNever);
   const at::Tensor x = torch::randn({2, 4});
   const at::Tensor g = torch::randn({2, 4});
   stage.forward(0, Batch(x));

@@ -18,8 +18,21 @@
 #include <ATen/core/ivalue.h>
 
 #include <functional>
+#include <ostream>
+#include <string>
 
 namespace gpipe {
+
+/// Which micro-batches are checkpointed in training.
+enum class CheckpointMode {
+  kAlways,      ///< every micro-batch
+  kExceptLast,  ///< all but the last, whose backward comes first and would recompute at once
+  kNever,       ///< none
+};
+
+/// Parses "always", "except_last" or "never". Throws c10::ValueError for anything else.
+CheckpointMode parse_checkpoint_mode(const std::string& name);
+std::ostream& operator<<(std::ostream& out, CheckpointMode mode);
 
 /// True while the calling thread runs a checkpointed forward (under no-grad).
 bool is_checkpointing();

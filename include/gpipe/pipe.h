@@ -11,6 +11,7 @@
 // follows autograd's rules.
 #pragma once
 
+#include "gpipe/checkpoint.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/skip/layout.h"
 #include "gpipe/worker.h"
@@ -34,17 +35,6 @@
 namespace gpipe {
 
 class DeferredBatchNormImpl;
-
-/// Which micro-batches are checkpointed in training.
-enum class CheckpointMode {
-  kAlways,      ///< every micro-batch
-  kExceptLast,  ///< all but the last, whose backward comes first and would recompute at once
-  kNever,       ///< none
-};
-
-/// Parses "always", "except_last" or "never". Throws c10::ValueError for anything else.
-CheckpointMode parse_checkpoint_mode(const std::string& name);
-std::ostream& operator<<(std::ostream& out, CheckpointMode mode);
 
 /// Options for GPipe.
 ///

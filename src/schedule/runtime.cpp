@@ -40,6 +40,10 @@ const char* trace_name(ActionKind kind) {
       return "forward";
     case ActionKind::kBackward:
       return "backward";
+    case ActionKind::kBackwardInput:
+      return "backward_input";
+    case ActionKind::kBackwardWeight:
+      return "backward_weight";
     case ActionKind::kSendActivation:
       return "send_activation";
     case ActionKind::kRecvActivation:
@@ -100,7 +104,8 @@ PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, Lo
                     options_.stages_per_worker());
   // The checkpoint's recomputation runs inside one autograd node, which has no split point
   // between the input's and the parameters' gradients.
-  TORCH_CHECK_VALUE(!(options_.checkpoint() && options_.schedule() == ScheduleKind::kZeroBubble),
+  TORCH_CHECK_VALUE(options_.checkpoint() == CheckpointMode::kNever ||
+                        options_.schedule() != ScheduleKind::kZeroBubble,
                     "schedule ", options_.schedule(),
                     " splits each backward into input and weight gradients, which checkpoint "
                     "cannot: use checkpoint with gpipe, 1f1b or interleaved_1f1b");
@@ -255,7 +260,10 @@ at::Tensor PipelineSchedule::step(const Batch& input, const Batch& target) {
   const Schedule& chosen = plan(M);
   ThreadTransport transport(num_stages(),
                             options_.queue_capacity() > 0 ? options_.queue_capacity() : M);
-  for (auto& stage : stages_) stage->reset_live_peak();
+  for (auto& stage : stages_) {
+    stage->reset_live_peak();
+    stage->set_num_microbatches(M);
+  }
 
   std::vector<at::Tensor> losses(M);
   std::mutex error_mutex;

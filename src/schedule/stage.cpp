@@ -22,7 +22,7 @@ namespace gpipe {
 namespace schedule {
 
 Stage::Stage(int64_t index, int64_t num_stages, torch::nn::Sequential module, c10::Device device,
-             bool checkpoint)
+             CheckpointMode checkpoint)
     : index_(index),
       num_stages_(num_stages),
       module_(std::move(module)),
@@ -49,9 +49,13 @@ Batch Stage::prepare_input(const Batch& input) const {
   return batch;
 }
 
-Batch Stage::run(const Batch& input) {
+Batch Stage::run(int64_t microbatch, const Batch& input) {
   const std::string what = "stage " + std::to_string(index_);
-  if (!checkpoint_) return input.call(module_, what);
+  const bool last = microbatch == num_microbatches_ - 1;
+  if (checkpoint_ == CheckpointMode::kNever ||
+      (checkpoint_ == CheckpointMode::kExceptLast && last)) {
+    return input.call(module_, what);
+  }
   return gpipe::checkpoint([this, what](const Batch& x) { return x.call(module_, what); }, input);
 }
 
@@ -65,7 +69,7 @@ void Stage::keep(int64_t microbatch, Pending pending) {
 Batch Stage::forward(int64_t microbatch, const Batch& input) {
   TORCH_INTERNAL_ASSERT(!is_last());
   Batch prepared = prepare_input(input);
-  Batch output = run(prepared);
+  Batch output = run(microbatch, prepared);
   std::vector<at::Tensor> detached;
   detached.reserve(output.size());
   for (const auto& y : output) detached.push_back(y.detach());
@@ -79,7 +83,7 @@ at::Tensor Stage::forward_loss(int64_t microbatch, const Batch& input, const Bat
                                const LossFunction& loss, double scale) {
   TORCH_INTERNAL_ASSERT(is_last());
   Batch prepared = prepare_input(input);
-  Batch output = run(prepared);
+  Batch output = run(microbatch, prepared);
   std::vector<at::Tensor> targets;
   for (const auto& t : target) targets.push_back(t.to(device_));
   Batch moved = target;

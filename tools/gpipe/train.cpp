@@ -20,7 +20,7 @@ namespace gpipe {
 namespace cli {
 namespace {
 
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "interleaved_1f1b"};
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "interleaved_1f1b", "zb1p"};
 
 std::vector<c10::Device> parse_devices(const std::string& list) {
   std::vector<c10::Device> devices;
@@ -81,9 +81,9 @@ training:
 pipeline:
   --stages N              pipeline stages (default 2)
   --chunks N              micro-batches per step (default 4)
-  --schedule NAME         gpipe | 1f1b | interleaved_1f1b (default 1f1b)
+  --schedule NAME         gpipe | 1f1b | interleaved_1f1b | zb1p (default 1f1b)
   --virtual-stages N      stages per worker for interleaved_1f1b (default 1)
-  --checkpoint MODE       never | always (default never)
+  --checkpoint MODE       never | always | except_last (default never)
   --threads N             intra-op threads per stage (default 1)
   --devices D[,D...]      device of each stage (default: all cpu)
 output:
@@ -133,7 +133,8 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
   c.chunks = a.integer("chunks", c.chunks, 1);
   c.schedule = a.choice("schedule", c.schedule, kSchedules);
   c.virtual_stages = a.integer("virtual-stages", c.virtual_stages, 1);
-  c.checkpoint = a.choice("checkpoint", "never", {"never", "always"}) == "always";
+  c.checkpoint =
+      parse_checkpoint_mode(a.choice("checkpoint", "never", {"never", "always", "except_last"}));
   c.threads = a.integer("threads", c.threads, 1);
   if (auto devices = a.text("devices")) c.devices = parse_devices(*devices);
   c.trace = a.text("trace", "");
@@ -152,6 +153,11 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
   if (c.stages % c.virtual_stages != 0) {
     throw UsageError("--virtual-stages " + std::to_string(c.virtual_stages) +
                      " must divide --stages " + std::to_string(c.stages));
+  }
+  if (c.checkpoint != CheckpointMode::kNever && c.schedule == "zb1p") {
+    throw UsageError(
+        "--checkpoint cannot be used with --schedule zb1p (its split backward has "
+        "no place for a recomputation)");
   }
   if (c.virtual_stages > 1 && c.schedule != "interleaved_1f1b") {
     throw UsageError("--virtual-stages needs --schedule interleaved_1f1b");
@@ -208,9 +214,8 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
       << options.embedding_dim() << ", " << parameters << " parameters) on " << corpus.size()
       << " bytes from " << corpus.num_files() << " files\n"
       << "  " << c.stages << " stages [" << balance_text << "], " << c.chunks
-      << " micro-batches, schedule " << c.schedule << ", checkpoint "
-      << (c.checkpoint ? "always" : "never") << ", batch " << c.batch_size << " x "
-      << options.block_size() << " bytes, " << c.steps << " steps\n";
+      << " micro-batches, schedule " << c.schedule << ", checkpoint " << c.checkpoint << ", batch "
+      << c.batch_size << " x " << options.block_size() << " bytes, " << c.steps << " steps\n";
 
   auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.seed) + 1);
   ProgressBar progress(out, c.steps, c.batch_size, interactive);

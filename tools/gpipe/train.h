@@ -8,6 +8,7 @@
 #include "models/char_gpt.h"
 #include "text_corpus.h"
 
+#include <gpipe/checkpoint.h>
 #include <gpipe/schedule/generators.h>
 
 #include <c10/core/Device.h>
@@ -31,7 +32,7 @@ struct TrainConfig {
   int64_t chunks = 4;
   std::string schedule = "1f1b";
   int64_t virtual_stages = 1;  // stages per worker, for interleaved_1f1b
-  bool checkpoint = false;
+  CheckpointMode checkpoint = CheckpointMode::kNever;
   int64_t threads = 1;  // intra-op threads per stage
   std::vector<c10::Device> devices;
   std::string load;      // start from this saved model

@@ -85,9 +85,10 @@ struct PipelineScheduleOptions {
   /// at::set_num_threads() on each worker thread; 0 leaves the thread count alone. Default: 1.
   TORCH_ARG(int64_t, intra_op_threads) = 1;
 
-  /// Activation checkpointing in every stage: forwards keep only their inputs, backwards
-  /// recompute. Not with kZeroBubble, whose split backward it cannot split. Default: false.
-  TORCH_ARG(bool, checkpoint) = false;
+  /// Activation checkpointing in every stage: a checkpointed forward keeps only its input and
+  /// its backward recomputes. kExceptLast spares the step's last micro-batch, as in GPipe. Not
+  /// with kZeroBubble, whose split backward it cannot split. Default: CheckpointMode::kNever.
+  TORCH_ARG(CheckpointMode, checkpoint) = CheckpointMode::kNever;
 
   /// How the loss function reduces a micro-batch. Default: LossReduction::kMean.
   TORCH_ARG(LossReduction, loss_reduction) = LossReduction::kMean;

@@ -21,6 +21,7 @@
 // needs no lock.
 #pragma once
 
+#include "gpipe/checkpoint.h"
 #include "gpipe/microbatch.h"
 
 #include <ATen/core/Tensor.h>
@@ -43,10 +44,11 @@ using LossFunction = std::function<at::Tensor(const Batch& output, const Batch& 
 /// One stage of a pipeline schedule.
 class Stage {
  public:
-  /// Stage `index` of `num_stages`, running `module` on `device`; with `checkpoint`, its forward
-  /// keeps no activations inside the module and backward recomputes them.
+  /// Stage `index` of `num_stages`, running `module` on `device`. A checkpointed forward
+  /// (`checkpoint`: kAlways, or kExceptLast for all but the step's last micro-batch, see
+  /// set_num_microbatches) keeps no activations inside the module; backward recomputes them.
   Stage(int64_t index, int64_t num_stages, torch::nn::Sequential module, c10::Device device,
-        bool checkpoint);
+        CheckpointMode checkpoint);
 
   int64_t index() const { return index_; }
   bool is_first() const { return index_ == 0; }
@@ -86,6 +88,10 @@ class Stage {
   int64_t max_live_microbatches() const { return max_live_; }
   void reset_live_peak() { max_live_ = static_cast<int64_t>(pending_.size()); }
 
+  /// The number of micro-batches in the coming step, for CheckpointMode::kExceptLast. Until set,
+  /// no micro-batch counts as the last.
+  void set_num_microbatches(int64_t num_microbatches) { num_microbatches_ = num_microbatches; }
+
  private:
   struct Pending {
     Batch input;
@@ -101,7 +107,7 @@ class Stage {
                       std::vector<at::Tensor>* outputs, std::vector<at::Tensor>* grads) const;
   Pending& find_pending(int64_t microbatch, const char* what);
 
-  Batch run(const Batch& input);
+  Batch run(int64_t microbatch, const Batch& input);
   Batch prepare_input(const Batch& input) const;
   void keep(int64_t microbatch, Pending pending);
 
@@ -109,7 +115,8 @@ class Stage {
   int64_t num_stages_;
   torch::nn::Sequential module_;
   c10::Device device_;
-  bool checkpoint_;
+  CheckpointMode checkpoint_;
+  int64_t num_microbatches_ = -1;
   std::map<int64_t, Pending> pending_;
   int64_t max_live_ = 0;
 };
