@@ -6,6 +6,7 @@
 // Partitions go to CUDA devices 0..k-1 when LibTorch has that many; otherwise every partition is
 // on the CPU, where GPipe computes them one after another on the calling thread: there is no
 // parallelism to win, so a CPU run measures what micro-batching, checkpointing and scheduling cost.
+// Peak memory is the tracking CPU allocator's (gpipe/memory.h): on CUDA it sees host memory only.
 #pragma once
 
 #include "common/bench_util.h"
@@ -72,10 +73,7 @@ inline void run_side_by_side(std::vector<Contender>& contenders, const ModelFact
                              const DataFactory& make_data, const LossFunction& loss_function,
                              int rounds) {
   memory::install_tracking_cpu_allocator();
-  struct Runner {
-    std::function<void()> step;
-  };
-  std::vector<Runner> runners;
+  std::vector<std::function<void()>> steps;  // one training step of each contender
   for (auto& contender : contenders) {
     torch::manual_seed(0);
     torch::nn::Sequential sequential = contender.make_model ? contender.make_model() : make_model();
@@ -111,7 +109,7 @@ inline void run_side_by_side(std::vector<Contender>& contenders, const ModelFact
         std::make_shared<torch::optim::SGD>(module->parameters(), torch::optim::SGDOptions(0.1));
     auto data = make_data(contender.batch, devices.front(), devices.back());
     Contender* self = &contender;
-    runners.push_back({[=] {
+    steps.push_back([=] {
       const int64_t before = memory::cpu_current_bytes();
       memory::reset_cpu_peak();
       const auto start = std::chrono::steady_clock::now();
@@ -122,13 +120,13 @@ inline void run_side_by_side(std::vector<Contender>& contenders, const ModelFact
       synchronize();
       self->seconds.push_back(seconds_since(start));
       self->peak_mib.push_back(mib(static_cast<double>(memory::cpu_peak_bytes() - before)));
-    }});
+    });
   }
-  for (auto& runner : runners) runner.step();  // warm-up
+  for (auto& step : steps) step();  // warm-up
   for (auto& contender : contenders) contender.seconds.clear(), contender.peak_mib.clear();
   for (const auto round : c10::irange(rounds)) {
-    for (const auto k : c10::irange(runners.size())) {
-      runners[(k + static_cast<size_t>(round)) % runners.size()].step();
+    for (const auto k : c10::irange(steps.size())) {
+      steps[(k + static_cast<size_t>(round)) % steps.size()]();
     }
   }
 }
