@@ -1,19 +1,41 @@
 #!/usr/bin/env bash
 # Builds and runs the benchmarks, each printing medians measured side by side in one run.
+#
+#   bash scripts/bench.sh [--paper] [benchmark ...]
+#
+# With no names, runs all of build/benchmarks/. torchgpipe's suite (resnet101_speed,
+# amoebanetd_speed, amoebanetd_memory, unet_speed, unet_memory, unet_timeline) writes its JSON
+# reports to build/bench-results/; --paper gives them the reference's sizes (a GPU-class machine).
 # glibc's malloc otherwise returns and refaults big blocks, which swings CPU timings by 2x.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+paper=()
+if [[ "${1:-}" == "--paper" ]]; then
+  paper=(--paper)
+  shift
+fi
 bash scripts/setup.sh
 bash scripts/build.sh >/dev/null
 export GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295
-for benchmark in "$@"; do
+suite=" resnet101_speed amoebanetd_speed amoebanetd_memory unet_speed unet_memory unet_timeline "
+results="$PWD/build/bench-results"
+mkdir -p "$results"
+
+run() {
+  local benchmark=$1
   echo "== $benchmark"
-  "./build/benchmarks/$benchmark"
-done
-if (($# == 0)); then
+  if [[ "$suite" == *" $benchmark "* ]]; then
+    (cd "$results" && "$OLDPWD/build/benchmarks/$benchmark" ${paper[@]+"${paper[@]}"})
+  else
+    "./build/benchmarks/$benchmark"
+  fi
+}
+
+if (($# > 0)); then
+  for benchmark in "$@"; do run "$benchmark"; done
+else
   for benchmark in build/benchmarks/*; do
     [[ -x "$benchmark" && -f "$benchmark" ]] || continue
-    echo "== $(basename "$benchmark")"
-    "$benchmark"
+    run "$(basename "$benchmark")"
   done
 fi

@@ -8,7 +8,7 @@ packages=(
   libgloo-dev           # the Gloo headers c10d's ProcessGroupGloo needs
   libopenblas0-pthread  # a fast BLAS in place of the reference one
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libtinyxml2-dev  # tests read traces (JSON) and timelines (SVG)
+  nlohmann-json3-dev libtinyxml2-dev  # traces and benchmark reports (JSON), timelines (SVG)
 )
 
 missing=()

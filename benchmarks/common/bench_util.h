@@ -1,0 +1,160 @@
+// What every benchmark shares: its flags (--paper, --json FILE, --rounds N, --help), medians, a
+// plain-text table and the JSON report. Header-only: each benchmark is one main.cpp.
+//
+// Every benchmark runs at a size this project's 2-core CPU machine finishes in about a minute,
+// or with --paper at torchgpipe's sizes (benchmarks/*/main.py of the reference), which need a
+// GPU-class machine: a single CPU core would take hours, and memory grows to tens of GiB.
+#pragma once
+
+#include <c10/util/irange.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace gpipe {
+namespace bench {
+
+/// The command line of a benchmark.
+struct Args {
+  bool paper = false;  ///< --paper: the reference's sizes instead of this machine's
+  int rounds = 0;      ///< --rounds N: measurements per contender, the median is reported
+  std::string json;    ///< --json FILE: where the report goes; default <name>.json in the cwd
+};
+
+/// Parses argv. Prints the usage and exits 0 on --help; prints an error and exits 2 on a bad or
+/// unknown flag. `about` is the benchmark's one-paragraph description for --help.
+inline Args parse_args(int argc, char** argv, const std::string& name, const std::string& about,
+                       int default_rounds) {
+  Args args;
+  args.rounds = default_rounds;
+  args.json = name + ".json";
+  auto usage = [&](std::FILE* out) {
+    std::fprintf(out,
+                 "usage: %s [--paper] [--rounds N] [--json FILE]\n\n%s\n\n"
+                 "  --paper      torchgpipe's sizes (the reference's benchmarks/%s); they need a\n"
+                 "               GPU-class machine: on a CPU they take hours and tens of GiB\n"
+                 "  --rounds N   measurements per contender, reported as the median (default %d)\n"
+                 "  --json FILE  write the configuration and the results as JSON\n"
+                 "               (default %s.json in the current directory)\n",
+                 name.c_str(), about.c_str(), name.c_str(), default_rounds, name.c_str());
+  };
+  auto fail = [&](const std::string& message) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), message.c_str());
+    usage(stderr);
+    std::exit(2);
+  };
+  for (int k = 1; k < argc; ++k) {
+    const std::string flag = argv[k];
+    if (flag == "--help" || flag == "-h") {
+      usage(stdout);
+      std::exit(0);
+    } else if (flag == "--paper") {
+      args.paper = true;
+    } else if (flag == "--rounds" || flag == "--json") {
+      if (k + 1 == argc) fail(flag + " needs a value");
+      const std::string value = argv[++k];
+      if (flag == "--json") {
+        args.json = value;
+      } else {
+        char* end = nullptr;
+        const long rounds = std::strtol(value.c_str(), &end, 10);
+        if (*end != '\0' || rounds < 1 || rounds > 1000) fail("bad --rounds " + value);
+        args.rounds = static_cast<int>(rounds);
+      }
+    } else {
+      fail("unknown argument " + flag);
+    }
+  }
+  return args;
+}
+
+inline double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+inline double mib(double bytes) { return bytes / (1 << 20); }
+
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// `layers` layers cut into `partitions` runs of nearly equal length.
+inline std::vector<int64_t> even_balance(int64_t layers, int64_t partitions) {
+  std::vector<int64_t> balance(static_cast<size_t>(partitions), layers / partitions);
+  for (const auto k : c10::irange(layers % partitions)) ++balance[static_cast<size_t>(k)];
+  return balance;
+}
+
+/// "12.35" for fixed(12.345, 2).
+inline std::string fixed(double value, int digits) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.*f", digits, value);
+  return buffer;
+}
+
+/// "1.234x".
+inline std::string times(double ratio) { return fixed(ratio, 3) + "x"; }
+
+/// "[1, 2, 3]".
+inline std::string list(const std::vector<int64_t>& values) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t k = 0; k < values.size(); ++k) out << (k ? ", " : "") << values[k];
+  out << "]";
+  return out.str();
+}
+
+/// A table printed with aligned columns: the first left-aligned, the others right-aligned.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) : rows_{std::move(header)} {}
+  void add(std::vector<std::string> row) {
+    row.resize(rows_[0].size());
+    rows_.push_back(std::move(row));
+  }
+  void print() const {
+    std::vector<size_t> widths(rows_[0].size(), 0);
+    for (const auto& row : rows_) {
+      for (size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+    }
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      std::string line;
+      for (size_t c = 0; c < rows_[r].size(); ++c) {
+        const std::string& cell = rows_[r][c];
+        const std::string pad(widths[c] - cell.size(), ' ');
+        line += c == 0 ? cell + pad : "  " + pad + cell;
+      }
+      std::printf("%s\n", line.c_str());
+      if (r == 0) std::printf("%s\n", std::string(line.size(), '-').c_str());
+    }
+    std::fflush(stdout);
+  }
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+/// Writes `report` (the benchmark's configuration and results) to args.json, and says where.
+inline void write_json(const Args& args, const nlohmann::json& report) {
+  std::ofstream out(args.json);
+  out << report.dump(2) << "\n";
+  if (!out) {
+    std::fprintf(stderr, "cannot write %s\n", args.json.c_str());
+    std::exit(1);
+  }
+  std::printf("\nwrote %s\n", args.json.c_str());
+}
+
+}  // namespace bench
+}  // namespace gpipe
