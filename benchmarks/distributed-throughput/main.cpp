@@ -1,0 +1,250 @@
+// Throughput of pipelines across processes (c10d, Gloo over loopback) against the plain model and
+// against the same schedules on threads of one process (ThreadTransport), side by side in one
+// run: 2 stages x 1 intra-op thread. With M micro-batches the bubble bounds the speedup over the
+// plain model on 1 thread at 2 * M / (M + 1) (1.78x for M = 8); efficiency is the speedup over
+// that bound. Also prints each rank's time waiting in sends and receives per step.
+// Default: 8 x Linear(1024, 1024) + Tanh, batch 2048, M = 8 (micro-batches of 256 rows).
+//
+// Usage: distributed_throughput [--width W] [--layers L] [--batch N] [--chunks M] [--repeats R]
+//
+// The program runs the in-process candidates itself, then starts 2 ranks of itself (RANK,
+// WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, as gpipe_launch would) and waits while they run.
+// It re-executes itself with OPENBLAS_NUM_THREADS=1 and GLIBC_TUNABLES set for stable timings.
+#include "gpipe/distributed/pipeline_stage.h"
+#include "gpipe/schedule/runtime.h"
+
+#include <torch/torch.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr const char* kTunables =
+    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295";
+
+struct Config {
+  int64_t width = 1024, layers = 8, batch = 2048, chunks = 8, repeats = 7;
+};
+
+torch::nn::Sequential make_model(const Config& c) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int64_t k = 0; k < c.layers; ++k) {
+    model->push_back(torch::nn::Linear(c.width, c.width));
+    model->push_back(torch::nn::Tanh());
+  }
+  return model;
+}
+
+std::vector<int64_t> balance(const Config& c) {
+  return {2 * c.layers - 2 * (c.layers / 2), 2 * (c.layers / 2)};
+}
+
+at::Tensor mse(const gpipe::Batch& output, const gpipe::Batch& target) {
+  return torch::mse_loss(output.tensor(), target.tensor());
+}
+
+double seconds(const std::function<void()>& run) {
+  const auto start = std::chrono::steady_clock::now();
+  run();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+// One rank: times `repeats` steps of each schedule after a warm-up; writes
+// "<schedule> <median step s> <median communication s>" lines to <out>.rank<r>.
+int run_rank(const Config& c, const std::string& out) {
+  at::set_num_threads(1);
+  const at::Tensor input = torch::randn({c.batch, c.width});
+  const at::Tensor target = torch::randn({c.batch, c.width});
+  namespace gs = gpipe::schedule;
+  std::ostringstream lines;
+  int64_t rank = 0;
+  for (const auto kind : {gs::ScheduleKind::kOneFOneB, gs::ScheduleKind::kGPipe}) {
+    auto model = make_model(c);
+    gpipe::distributed::PipelineStage pipe(
+        model, balance(c), mse, gpipe::distributed::PipelineStageOptions(c.chunks).schedule(kind));
+    rank = pipe.rank();
+    std::vector<double> steps, comm;
+    for (int64_t r = 0; r <= c.repeats; ++r) {
+      for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+      const double t = seconds([&] { pipe.step(input, target); });
+      if (r == 0) continue;  // warm-up
+      steps.push_back(t);
+      comm.push_back(pipe.last_communication_seconds());
+    }
+    lines << kind << " " << median(steps) << " " << median(comm) << "\n";
+  }
+  std::ofstream(out + ".rank" + std::to_string(rank)) << lines.str();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!std::getenv("GLIBC_TUNABLES") || !std::getenv("OPENBLAS_NUM_THREADS")) {
+    setenv("GLIBC_TUNABLES", kTunables, 1);
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    execv("/proc/self/exe", argv);  // on failure, run without
+  }
+  Config c;
+  std::string out;
+  for (int k = 1; k + 1 < argc; k += 2) {
+    const std::string flag = argv[k];
+    if (flag == "--rank-output") {
+      out = argv[k + 1];
+      continue;
+    }
+    const int64_t value = std::atoll(argv[k + 1]);
+    if (flag == "--width") c.width = value;
+    else if (flag == "--layers") c.layers = value;
+    else if (flag == "--batch") c.batch = value;
+    else if (flag == "--chunks") c.chunks = value;
+    else if (flag == "--repeats") c.repeats = value;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  if (!out.empty()) return run_rank(c, out);
+
+  // In-process candidates, 1 intra-op thread per stage.
+  at::set_num_threads(1);
+  const at::Tensor input = torch::randn({c.batch, c.width});
+  const at::Tensor target = torch::randn({c.batch, c.width});
+  namespace gs = gpipe::schedule;
+  auto plain = make_model(c);
+  auto m1 = make_model(c);
+  auto m2 = make_model(c);
+  gs::PipelineSchedule one_f_one_b(
+      m1, balance(c), mse, gs::PipelineScheduleOptions(c.chunks).schedule(gs::ScheduleKind::kOneFOneB));
+  gs::PipelineSchedule fill_drain(
+      m2, balance(c), mse, gs::PipelineScheduleOptions(c.chunks).schedule(gs::ScheduleKind::kGPipe));
+  struct Candidate {
+    std::string name;
+    std::function<void()> step;
+    std::vector<double> times = {};
+  };
+  std::vector<Candidate> candidates{
+      {"plain, 1 thread (a)",
+       [&] {
+         plain->zero_grad();
+         torch::mse_loss(plain->forward(input), target).backward();
+       }},
+      {"1F1B, threads (2 x 1)",
+       [&] {
+         m1->zero_grad();
+         one_f_one_b.step(input, target);
+       }},
+      {"GPipe, threads (2 x 1)",
+       [&] {
+         m2->zero_grad();
+         fill_drain.step(input, target);
+       }},
+  };
+  for (auto& cand : candidates) cand.step();  // warm up
+  for (int64_t r = 0; r < c.repeats; ++r) {
+    for (auto& cand : candidates) cand.times.push_back(seconds(cand.step));
+  }
+
+  // The c10d candidates: 2 processes x 1 thread; this one waits meanwhile.
+  char dir[] = "/tmp/gpipe_distributed_throughput_XXXXXX";
+  const std::string results = std::string(mkdtemp(dir)) + "/result";
+  const std::string port = std::to_string(free_port());
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      setenv("RANK", std::to_string(rank).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      setenv("WORLD_SIZE", "2", 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", port.c_str(), 1);
+      std::vector<std::string> args{argv[0], "--rank-output", results};
+      for (int k = 1; k < argc; ++k) args.push_back(argv[k]);
+      std::vector<char*> pointers;
+      for (auto& a : args) pointers.push_back(a.data());
+      pointers.push_back(nullptr);
+      execv("/proc/self/exe", pointers.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  for (const pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (!ok) {
+    std::fprintf(stderr, "a c10d rank failed\n");
+    return 1;
+  }
+  struct Rank {
+    double step = 0, comm = 0;
+  };
+  std::vector<std::vector<Rank>> by_rank(2);  // [rank][schedule: 1f1b, gpipe]
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(results + ".rank" + std::to_string(rank));
+    std::string name;
+    Rank r;
+    while (in >> name >> r.step >> r.comm) by_rank[rank].push_back(r);
+  }
+  const double bound = 2.0 * c.chunks / (c.chunks + 1);
+  std::printf(
+      "model: %lld x (Linear(%lld, %lld) + Tanh), batch %lld, %lld micro-batches, %lld repeats "
+      "(medians), 1 thread per stage (OPENBLAS_NUM_THREADS=1)\n",
+      (long long)c.layers, (long long)c.width, (long long)c.width, (long long)c.batch,
+      (long long)c.chunks, (long long)c.repeats);
+  const double a = median(candidates[0].times);
+  std::printf("%-28s %10s %12s %8s %11s %22s\n", "", "step (ms)", "samples/s", "vs (a)",
+              "efficiency", "comm/step ms (r0, r1)");
+  for (const auto& cand : candidates) {
+    const double t = median(cand.times);
+    std::printf("%-28s %10.1f %12.1f %7.2fx %10.0f%%\n", cand.name.c_str(), t * 1e3, c.batch / t,
+                a / t, 100 * a / t / (cand.name.rfind("plain", 0) == 0 ? 1.0 : bound));
+  }
+  const char* names[] = {"1F1B, c10d (2 procs x 1)", "GPipe, c10d (2 procs x 1)"};
+  for (int s = 0; s < 2 && s < static_cast<int>(by_rank[0].size()); ++s) {
+    const double t = by_rank[0][s].step;
+    const double thread_t = median(candidates[1 + s].times);
+    std::printf("%-28s %10.1f %12.1f %7.2fx %10.0f%% %10.1f, %.1f   (%.2fx of threads)\n",
+                names[s], t * 1e3, c.batch / t, a / t, 100 * a / t / bound,
+                by_rank[0][s].comm * 1e3, by_rank[1].size() > static_cast<size_t>(s) ? by_rank[1][s].comm * 1e3 : 0.0,
+                thread_t / t);
+  }
+  std::printf("bubble bound over (a): 2 x %lld / %lld = %.2fx\n", (long long)c.chunks,
+              (long long)(c.chunks + 1), bound);
+  return 0;
+}
