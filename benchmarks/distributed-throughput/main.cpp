@@ -6,16 +6,23 @@
 // Default: 8 x Linear(1024, 1024) + Tanh, batch 2048, M = 8 (micro-batches of 256 rows).
 //
 // Usage: distributed_throughput [--width W] [--layers L] [--batch N] [--chunks M] [--repeats R]
+//                               [--rounds K]
+// Each of K rounds times R steps of every candidate (the in-process ones, then the processes);
+// medians over all rounds.
 //
 // The program runs the in-process candidates itself, then starts 2 ranks of itself (RANK,
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, as gpipe_launch would) and waits while they run.
-// It re-executes itself with OPENBLAS_NUM_THREADS=1 and GLIBC_TUNABLES set for stable timings.
+// OpenBLAS keeps one process-wide thread count: every process sets it to 1 with
+// openblas_set_num_threads where the library has it (not with OPENBLAS_NUM_THREADS=1, under which
+// OpenBLAS serializes calls from several threads of one process on a lock, which would slow the
+// thread transport). It re-executes itself with GLIBC_TUNABLES set for stable timings.
 #include "gpipe/distributed/pipeline_stage.h"
 #include "gpipe/schedule/runtime.h"
 
 #include <torch/torch.h>
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -36,8 +43,14 @@ namespace {
 constexpr const char* kTunables =
     "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295";
 
+void set_blas_threads(int threads) {
+  using SetThreads = void (*)(int);
+  static auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set) set(threads);
+}
+
 struct Config {
-  int64_t width = 1024, layers = 8, batch = 2048, chunks = 8, repeats = 7;
+  int64_t width = 1024, layers = 8, batch = 2048, chunks = 8, repeats = 5, rounds = 3;
 };
 
 torch::nn::Sequential make_model(const Config& c) {
@@ -113,11 +126,11 @@ int run_rank(const Config& c, const std::string& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!std::getenv("GLIBC_TUNABLES") || !std::getenv("OPENBLAS_NUM_THREADS")) {
+  if (!std::getenv("GLIBC_TUNABLES")) {
     setenv("GLIBC_TUNABLES", kTunables, 1);
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
     execv("/proc/self/exe", argv);  // on failure, run without
   }
+  set_blas_threads(1);
   Config c;
   std::string out;
   for (int k = 1; k + 1 < argc; k += 2) {
@@ -132,6 +145,7 @@ int main(int argc, char** argv) {
     else if (flag == "--batch") c.batch = value;
     else if (flag == "--chunks") c.chunks = value;
     else if (flag == "--repeats") c.repeats = value;
+    else if (flag == "--rounds") c.rounds = value;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -174,59 +188,65 @@ int main(int argc, char** argv) {
        }},
   };
   for (auto& cand : candidates) cand.step();  // warm up
-  for (int64_t r = 0; r < c.repeats; ++r) {
-    for (auto& cand : candidates) cand.times.push_back(seconds(cand.step));
-  }
-
-  // The c10d candidates: 2 processes x 1 thread; this one waits meanwhile.
-  char dir[] = "/tmp/gpipe_distributed_throughput_XXXXXX";
-  const std::string results = std::string(mkdtemp(dir)) + "/result";
-  const std::string port = std::to_string(free_port());
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < 2; ++rank) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      setenv("RANK", std::to_string(rank).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      setenv("WORLD_SIZE", "2", 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", port.c_str(), 1);
-      std::vector<std::string> args{argv[0], "--rank-output", results};
-      for (int k = 1; k < argc; ++k) args.push_back(argv[k]);
-      std::vector<char*> pointers;
-      for (auto& a : args) pointers.push_back(a.data());
-      pointers.push_back(nullptr);
-      execv("/proc/self/exe", pointers.data());
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  bool ok = true;
-  for (const pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  if (!ok) {
-    std::fprintf(stderr, "a c10d rank failed\n");
-    return 1;
-  }
   struct Rank {
-    double step = 0, comm = 0;
+    std::vector<double> steps, comm;
   };
-  std::vector<std::vector<Rank>> by_rank(2);  // [rank][schedule: 1f1b, gpipe]
-  for (int rank = 0; rank < 2; ++rank) {
-    std::ifstream in(results + ".rank" + std::to_string(rank));
-    std::string name;
-    Rank r;
-    while (in >> name >> r.step >> r.comm) by_rank[rank].push_back(r);
+  // [schedule: 1f1b, gpipe][rank]: the medians of each round.
+  std::vector<std::vector<Rank>> ranks(2, std::vector<Rank>(2));
+  for (int64_t round = 0; round < c.rounds; ++round) {
+    for (int64_t r = 0; r < c.repeats; ++r) {
+      for (auto& cand : candidates) cand.times.push_back(seconds(cand.step));
+    }
+    // The c10d candidates: 2 processes x 1 thread; this one waits meanwhile.
+    char dir[] = "/tmp/gpipe_distributed_throughput_XXXXXX";
+    const std::string results = std::string(mkdtemp(dir)) + "/result";
+    const std::string port = std::to_string(free_port());
+    std::vector<pid_t> pids;
+    for (int rank = 0; rank < 2; ++rank) {
+      const pid_t pid = fork();
+      if (pid == 0) {
+        setenv("RANK", std::to_string(rank).c_str(), 1);
+        setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+        setenv("WORLD_SIZE", "2", 1);
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", port.c_str(), 1);
+        std::vector<std::string> args{argv[0], "--rank-output", results};
+        for (int k = 1; k < argc; ++k) args.push_back(argv[k]);
+        std::vector<char*> pointers;
+        for (auto& a : args) pointers.push_back(a.data());
+        pointers.push_back(nullptr);
+        execv("/proc/self/exe", pointers.data());
+        _exit(127);
+      }
+      pids.push_back(pid);
+    }
+    bool ok = true;
+    for (const pid_t pid : pids) {
+      int status = 0;
+      waitpid(pid, &status, 0);
+      ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "a c10d rank failed\n");
+      return 1;
+    }
+    for (int rank = 0; rank < 2; ++rank) {
+      std::ifstream in(results + ".rank" + std::to_string(rank));
+      std::string name;
+      double step = 0, comm = 0;
+      for (int s = 0; s < 2 && (in >> name >> step >> comm); ++s) {
+        ranks[s][rank].steps.push_back(step);
+        ranks[s][rank].comm.push_back(comm);
+      }
+    }
   }
   const double bound = 2.0 * c.chunks / (c.chunks + 1);
   std::printf(
-      "model: %lld x (Linear(%lld, %lld) + Tanh), batch %lld, %lld micro-batches, %lld repeats "
-      "(medians), 1 thread per stage (OPENBLAS_NUM_THREADS=1)\n",
+      "model: %lld x (Linear(%lld, %lld) + Tanh), batch %lld, %lld micro-batches, %lld rounds x "
+      "%lld repeats (medians), 1 thread per stage (OpenBLAS threads: %s)\n",
       (long long)c.layers, (long long)c.width, (long long)c.width, (long long)c.batch,
-      (long long)c.chunks, (long long)c.repeats);
+      (long long)c.chunks, (long long)c.rounds, (long long)c.repeats,
+      dlsym(RTLD_DEFAULT, "openblas_set_num_threads") ? "1" : "not settable");
   const double a = median(candidates[0].times);
   std::printf("%-28s %10s %12s %8s %11s %22s\n", "", "step (ms)", "samples/s", "vs (a)",
               "efficiency", "comm/step ms (r0, r1)");
@@ -236,13 +256,13 @@ int main(int argc, char** argv) {
                 a / t, 100 * a / t / (cand.name.rfind("plain", 0) == 0 ? 1.0 : bound));
   }
   const char* names[] = {"1F1B, c10d (2 procs x 1)", "GPipe, c10d (2 procs x 1)"};
-  for (int s = 0; s < 2 && s < static_cast<int>(by_rank[0].size()); ++s) {
-    const double t = by_rank[0][s].step;
+  for (int s = 0; s < 2; ++s) {
+    if (ranks[s][0].steps.empty()) continue;
+    const double t = median(ranks[s][0].steps);
     const double thread_t = median(candidates[1 + s].times);
     std::printf("%-28s %10.1f %12.1f %7.2fx %10.0f%% %10.1f, %.1f   (%.2fx of threads)\n",
                 names[s], t * 1e3, c.batch / t, a / t, 100 * a / t / bound,
-                by_rank[0][s].comm * 1e3, by_rank[1].size() > static_cast<size_t>(s) ? by_rank[1][s].comm * 1e3 : 0.0,
-                thread_t / t);
+                median(ranks[s][0].comm) * 1e3, median(ranks[s][1].comm) * 1e3, thread_t / t);
   }
   std::printf("bubble bound over (a): 2 x %lld / %lld = %.2fx\n", (long long)c.chunks,
               (long long)(c.chunks + 1), bound);
