@@ -27,8 +27,7 @@ TEST(DistributedFaultTest, RankThatThrowsIsNamedOnEveryRank) {
     for (int r = 0; r < ranks; ++r) {
       EXPECT_THAT(error_of(launch, r), HasSubstr("injected failure")) << "rank " << r;
       if (r != failing) {
-        EXPECT_THAT(error_of(launch, r),
-                    HasSubstr("rank " + std::to_string(failing) + " failed: "))
+        EXPECT_THAT(error_of(launch, r), HasSubstr("rank " + std::to_string(failing) + " failed: "))
             << "rank " << r;
       }
     }
@@ -48,7 +47,8 @@ TEST(DistributedFaultTest, KilledRankIsNamedWithinTimeout) {
     for (int r = 0; r < ranks; ++r) {
       if (r == killed) continue;
       EXPECT_THAT(error_of(launch, r), HasSubstr("rank " + std::to_string(killed) + " failed"))
-          << "rank " << r << "\n" << launch.output;
+          << "rank " << r << "\n"
+          << launch.output;
     }
   }
 }

@@ -55,8 +55,7 @@ inline Launch launch_workers(int ranks, const std::string& args, int grace = 30)
   size_t n;
   while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) launch.output.append(buffer, n);
   const int status = pclose(pipe);
-  launch.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  launch.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   launch.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return launch;
 }

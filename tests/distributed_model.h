@@ -49,8 +49,7 @@ inline std::vector<int64_t> distributed_balance(int64_t stages) {
 // trap_stage >= 0, stage trap_stage ends in a Trap(mode, armed) and `balance` counts it.
 inline torch::nn::Sequential distributed_model(std::vector<int64_t>& balance,
                                                int64_t trap_stage = -1,
-                                               const std::string& mode = "",
-                                               bool armed = false) {
+                                               const std::string& mode = "", bool armed = false) {
   torch::manual_seed(0);
   const std::vector<int64_t> widths{5, 7, 6, 8, 4, 6, 5, 7, 3};
   torch::nn::Sequential model;

@@ -30,15 +30,15 @@ void expect_equivalent(int ranks, const std::string& schedule, int64_t stages_pe
   const at::Tensor expected_loss = torch::mse_loss(plain->forward(input), target);
   expected_loss.backward();
 
-  const testing::Launch launch = testing::launch_workers(
-      ranks, "--schedule " + schedule + " --stages-per-rank " + std::to_string(stages_per_rank) +
-                 " --chunks 4");
+  const testing::Launch launch =
+      testing::launch_workers(ranks, "--schedule " + schedule + " --stages-per-rank " +
+                                         std::to_string(stages_per_rank) + " --chunks 4");
   ASSERT_EQ(launch.exit_code, 0) << launch.output;
   for (int r = 0; r < ranks; ++r) {
     at::Tensor loss;
     torch::load(loss, launch.dir + "/loss_rank" + std::to_string(r) + ".pt");
-    EXPECT_TRUE(close(loss, expected_loss)) << "rank " << r << ": " << loss << " vs "
-                                            << expected_loss;
+    EXPECT_TRUE(close(loss, expected_loss))
+        << "rank " << r << ": " << loss << " vs " << expected_loss;
   }
   int64_t layer = 0;
   for (int64_t s = 0; s < S; ++s) {

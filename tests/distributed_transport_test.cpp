@@ -35,9 +35,9 @@ int free_port() {
 }
 
 // Runs body(rank, transport) for 2 ranks on 2 threads, 2 stages; rethrows the first exception.
-void run_ranks(const std::function<void(int64_t, C10dTransport&)>& body,
-               C10dTransportOptions options = C10dTransportOptions().timeout(
-                   std::chrono::seconds(20))) {
+void run_ranks(
+    const std::function<void(int64_t, C10dTransport&)>& body,
+    C10dTransportOptions options = C10dTransportOptions().timeout(std::chrono::seconds(20))) {
   const int port = free_port();
   std::vector<std::exception_ptr> errors(2);
   std::vector<std::thread> threads;
@@ -126,9 +126,9 @@ TEST(DistributedTransportTest, OutOfOrderMessageIsNamed) {
       if (rank == 1) receiver = error.what_without_backtrace();
     }
   });
-  EXPECT_THAT(receiver, ::testing::HasSubstr(
-                            "stage 1 expected the activation of micro-batch 1 from stage 0 "
-                            "(rank 0) to stage 1, but got the activation of micro-batch 0"));
+  EXPECT_THAT(receiver,
+              ::testing::HasSubstr("stage 1 expected the activation of micro-batch 1 from stage 0 "
+                                   "(rank 0) to stage 1, but got the activation of micro-batch 0"));
 }
 
 TEST(DistributedTransportTest, FailureOfOneRankStopsTheOther) {

@@ -9,8 +9,8 @@
 // parameters, in order); DIR/ok_rank<r> on success, or DIR/error_rank<r> with the message and
 // exit status 1. With --fail-rank R, stage R (on rank R) ends in a trap that, on the second
 // micro-batch, throws, SIGKILLs its own process, sleeps for an hour, or widens its output.
-#include "gpipe/distributed/pipeline_stage.h"
 #include "distributed_model.h"
+#include "gpipe/distributed/pipeline_stage.h"
 
 #include <torch/torch.h>
 
@@ -34,13 +34,20 @@ int main(int argc, char** argv) {
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string flag = argv[k];
     const std::string value = argv[k + 1];
-    if (flag == "--out") out = value;
-    else if (flag == "--schedule") schedule = value;
-    else if (flag == "--stages-per-rank") stages_per_rank = std::stoll(value);
-    else if (flag == "--chunks") chunks = std::stoll(value);
-    else if (flag == "--timeout-ms") timeout_ms = std::stoll(value);
-    else if (flag == "--fail-rank") fail_rank = std::stoll(value);
-    else if (flag == "--fail-mode") fail_mode = value;
+    if (flag == "--out")
+      out = value;
+    else if (flag == "--schedule")
+      schedule = value;
+    else if (flag == "--stages-per-rank")
+      stages_per_rank = std::stoll(value);
+    else if (flag == "--chunks")
+      chunks = std::stoll(value);
+    else if (flag == "--timeout-ms")
+      timeout_ms = std::stoll(value);
+    else if (flag == "--fail-rank")
+      fail_rank = std::stoll(value);
+    else if (flag == "--fail-mode")
+      fail_mode = value;
   }
   const int64_t rank = std::atoll(std::getenv("RANK") ? std::getenv("RANK") : "0");
   const std::string suffix = "_rank" + std::to_string(rank);
@@ -49,8 +56,8 @@ int main(int argc, char** argv) {
     const int64_t S = world * stages_per_rank;
     std::vector<int64_t> balance = gpipe::testing::distributed_balance(S);
     // The failing rank's first stage ends in the trap; every rank has it, unarmed elsewhere.
-    torch::nn::Sequential model = gpipe::testing::distributed_model(
-        balance, fail_rank, fail_mode, fail_rank == rank);
+    torch::nn::Sequential model =
+        gpipe::testing::distributed_model(balance, fail_rank, fail_mode, fail_rank == rank);
     const auto [input, target] = gpipe::testing::distributed_batch();
 
     gpipe::distributed::PipelineStage pipe(

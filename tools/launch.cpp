@@ -165,8 +165,10 @@ int main(int argc, char** argv) {
     if (first_failed >= 0 && Clock::now() >= deadline) {
       for (long rank = 0; rank < n; ++rank) {
         if (pids[rank] <= 0) continue;
-        std::fprintf(stderr, "gpipe_launch: killing rank %ld, still running %ld s after rank %ld "
-                     "failed\n", rank, grace, first_failed);
+        std::fprintf(stderr,
+                     "gpipe_launch: killing rank %ld, still running %ld s after rank %ld "
+                     "failed\n",
+                     rank, grace, first_failed);
         kill(pids[rank], SIGKILL);
       }
       deadline = Clock::now() + std::chrono::hours(1);

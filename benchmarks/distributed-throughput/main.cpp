@@ -103,12 +103,15 @@ int run_rank(const Config& c, const std::string& out) {
   const at::Tensor target = torch::randn({c.batch, c.width});
   namespace gs = gpipe::schedule;
   std::ostringstream lines;
-  int64_t rank = 0;
+  // One rendezvous for both pipelines (see pipeline_stage.h).
+  const auto group = gpipe::distributed::rendezvous(gpipe::distributed::read_environment(),
+                                                    std::chrono::seconds(60));
+  const int64_t rank = group.rank();
   for (const auto kind : {gs::ScheduleKind::kOneFOneB, gs::ScheduleKind::kGPipe}) {
     auto model = make_model(c);
     gpipe::distributed::PipelineStage pipe(
-        model, balance(c), mse, gpipe::distributed::PipelineStageOptions(c.chunks).schedule(kind));
-    rank = pipe.rank();
+        group, model, balance(c), mse,
+        gpipe::distributed::PipelineStageOptions(c.chunks).schedule(kind));
     std::vector<double> steps, comm;
     for (int64_t r = 0; r <= c.repeats; ++r) {
       for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
@@ -140,12 +143,18 @@ int main(int argc, char** argv) {
       continue;
     }
     const int64_t value = std::atoll(argv[k + 1]);
-    if (flag == "--width") c.width = value;
-    else if (flag == "--layers") c.layers = value;
-    else if (flag == "--batch") c.batch = value;
-    else if (flag == "--chunks") c.chunks = value;
-    else if (flag == "--repeats") c.repeats = value;
-    else if (flag == "--rounds") c.rounds = value;
+    if (flag == "--width")
+      c.width = value;
+    else if (flag == "--layers")
+      c.layers = value;
+    else if (flag == "--batch")
+      c.batch = value;
+    else if (flag == "--chunks")
+      c.chunks = value;
+    else if (flag == "--repeats")
+      c.repeats = value;
+    else if (flag == "--rounds")
+      c.rounds = value;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -162,9 +171,11 @@ int main(int argc, char** argv) {
   auto m1 = make_model(c);
   auto m2 = make_model(c);
   gs::PipelineSchedule one_f_one_b(
-      m1, balance(c), mse, gs::PipelineScheduleOptions(c.chunks).schedule(gs::ScheduleKind::kOneFOneB));
+      m1, balance(c), mse,
+      gs::PipelineScheduleOptions(c.chunks).schedule(gs::ScheduleKind::kOneFOneB));
   gs::PipelineSchedule fill_drain(
-      m2, balance(c), mse, gs::PipelineScheduleOptions(c.chunks).schedule(gs::ScheduleKind::kGPipe));
+      m2, balance(c), mse,
+      gs::PipelineScheduleOptions(c.chunks).schedule(gs::ScheduleKind::kGPipe));
   struct Candidate {
     std::string name;
     std::function<void()> step;
@@ -260,9 +271,9 @@ int main(int argc, char** argv) {
     if (ranks[s][0].steps.empty()) continue;
     const double t = median(ranks[s][0].steps);
     const double thread_t = median(candidates[1 + s].times);
-    std::printf("%-28s %10.1f %12.1f %7.2fx %10.0f%% %10.1f, %.1f   (%.2fx of threads)\n",
-                names[s], t * 1e3, c.batch / t, a / t, 100 * a / t / bound,
-                median(ranks[s][0].comm) * 1e3, median(ranks[s][1].comm) * 1e3, thread_t / t);
+    std::printf("%-28s %10.1f %12.1f %7.2fx %10.0f%% %10.1f, %.1f   (%.2fx of threads)\n", names[s],
+                t * 1e3, c.batch / t, a / t, 100 * a / t / bound, median(ranks[s][0].comm) * 1e3,
+                median(ranks[s][1].comm) * 1e3, thread_t / t);
   }
   std::printf("bubble bound over (a): 2 x %lld / %lld = %.2fx\n", (long long)c.chunks,
               (long long)(c.chunks + 1), bound);

@@ -32,11 +32,12 @@ const char* kind_name(int64_t kind) {
   return "unknown message";
 }
 
-// Store keys: the failure count, the failures in order, and how many ranks saw one.
-const std::string kFailures = "gpipe/failures";
-const std::string kFailurePrefix = "gpipe/failure/";
-const std::string kSeen = "gpipe/failure_seen";
-const std::string kClosed = "gpipe/closed";
+// Store keys, under the transport's prefix: the failure count, the failures in order, how many
+// ranks saw one, how many closed.
+const std::string kFailures = "failures";
+const std::string kFailurePrefix = "failure/";
+const std::string kSeen = "failure_seen";
+const std::string kClosed = "closed";
 
 std::vector<uint8_t> bytes(const std::string& text) {
   return std::vector<uint8_t>(text.begin(), text.end());
@@ -105,8 +106,8 @@ bool fits(const MessageMetadata& grad, const MessageMetadata& activation) {
 
 at::Tensor encode(int64_t kind, int64_t tag, int64_t from, int64_t to,
                   const MessageMetadata& meta) {
-  std::vector<int64_t> h{kMagic, kind, tag, from, to, meta.atomic ? 1 : 0,
-                         static_cast<int64_t>(meta.dtypes.size())};
+  std::vector<int64_t> h{
+      kMagic, kind, tag, from, to, meta.atomic ? 1 : 0, static_cast<int64_t>(meta.dtypes.size())};
   for (const auto k : c10::irange(meta.dtypes.size())) {
     h.push_back(meta.dtypes[k]);
     h.push_back(static_cast<int64_t>(meta.shapes[k].size()));
@@ -146,7 +147,13 @@ Header decode(const at::Tensor& tensor, int64_t rank, int64_t peer) {
 }  // namespace
 
 C10dTransport::C10dTransport(ProcessGroup group, int64_t num_stages, C10dTransportOptions options)
-    : group_(std::move(group)), num_stages_(num_stages), options_(options) {
+    : group_(std::move(group)),
+      num_stages_(num_stages),
+      options_(options),
+      // Every rank makes its transports over a group in the same order, so the count names the
+      // same transport on every rank and keeps its keys apart from earlier ones.
+      keys_("gpipe/transport" + std::to_string(group_.transports ? (*group_.transports)++ : 0) +
+            "/") {
   TORCH_CHECK_VALUE(num_stages > 0, "num_stages must be positive, but got ", num_stages);
   TORCH_CHECK_VALUE(options_.timeout().count() > 0, "timeout must be positive, but got ",
                     options_.timeout().count(), " ms");
@@ -169,16 +176,16 @@ C10dTransport::~C10dTransport() {
     if (!failure_ && !aborted_) {
       flush();
       // Rank 0 serves the store: it stays until every rank has closed.
-      group_.store->add(kClosed, 1);
+      group_.store->add(keys_ + kClosed, 1);
       if (rank() == 0) {
         const auto closing = Clock::now() + options_.timeout();
-        while (group_.store->add(kClosed, 0) < world_size() && Clock::now() < closing) {
+        while (group_.store->add(keys_ + kClosed, 0) < world_size() && Clock::now() < closing) {
           std::this_thread::sleep_for(std::chrono::milliseconds(5));
         }
       }
     } else if (rank() == 0) {
       // Keep the store until the others have seen the failure, or they would blame rank 0.
-      while (group_.store->add(kSeen, 0) < world_size() && Clock::now() < deadline) {
+      while (group_.store->add(keys_ + kSeen, 0) < world_size() && Clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
@@ -282,8 +289,8 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
       continue;
     }
     at::Tensor x =
-        at::empty(h.meta.shapes[k], at::TensorOptions().dtype(
-                                        static_cast<c10::ScalarType>(h.meta.dtypes[k])));
+        at::empty(h.meta.shapes[k],
+                  at::TensorOptions().dtype(static_cast<c10::ScalarType>(h.meta.dtypes[k])));
     if (x.numel() > 0) {
       std::vector<at::Tensor> payload{x};
       wait(group_.group->recv(payload, static_cast<int>(peer), t), what.str(), peer);
@@ -342,7 +349,8 @@ void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::
   if (!done && error.empty()) throw_failure("waiting for " + what);  // aborted
   // Gloo failed: the peer closed its connections or stayed silent. Another rank's failure may
   // explain it (a failing rank records it before it exits): give the watcher a moment.
-  const auto patience = Clock::now() + 4 * options_.poll_interval() + std::chrono::milliseconds(200);
+  const auto patience =
+      Clock::now() + 4 * options_.poll_interval() + std::chrono::milliseconds(200);
   while (!failure() && Clock::now() < patience) {
     std::this_thread::sleep_for(options_.poll_interval() / 2);
   }
@@ -402,10 +410,10 @@ void C10dTransport::record_failure(const std::string& line, bool for_peer) {
   }
   reported_ = true;
   try {
-    const int64_t n = group_.store->add(kFailures, 1);
-    group_.store->set(kFailurePrefix + std::to_string(n), bytes(line));
+    const int64_t n = group_.store->add(keys_ + kFailures, 1);
+    group_.store->set(keys_ + kFailurePrefix + std::to_string(n), bytes(line));
     // A failed peer will not say it saw the failure: this rank says so for it.
-    group_.store->add(kSeen, for_peer ? 2 : 1);
+    group_.store->add(keys_ + kSeen, for_peer ? 2 : 1);
   } catch (const std::exception&) {
     // The store is gone with rank 0; the others find that out themselves.
   }
@@ -429,8 +437,8 @@ void C10dTransport::report_failure(const std::string& message) {
 }
 
 std::optional<std::string> C10dTransport::lookup_failure() {
-  if (group_.store->add(kFailures, 0) == 0) return std::nullopt;
-  const auto value = group_.store->get(kFailurePrefix + "1");
+  if (group_.store->add(keys_ + kFailures, 0) == 0) return std::nullopt;
+  const auto value = group_.store->get(keys_ + kFailurePrefix + "1");
   return std::string(value.begin(), value.end());
 }
 
@@ -441,7 +449,7 @@ void C10dTransport::adopt_failure(const std::string& line) {
     failure_ = line;
   }
   try {
-    group_.store->add(kSeen, 1);
+    group_.store->add(keys_ + kSeen, 1);
   } catch (const std::exception&) {
   }
   abort();
@@ -456,9 +464,8 @@ void C10dTransport::watch() {
     try {
       if (auto found = lookup_failure()) adopt_failure(*found);
     } catch (const std::exception& e) {
-      adopt_failure("rank 0 failed: lost the store it serves at " +
-                    group_.environment.master_addr + ":" +
-                    std::to_string(group_.environment.master_port) +
+      adopt_failure("rank 0 failed: lost the store it serves at " + group_.environment.master_addr +
+                    ":" + std::to_string(group_.environment.master_port) +
                     " (did the process die?) [" + e.what() + "]");
     }
     lock.lock();

@@ -38,11 +38,10 @@ int64_t integer(const char* name, const std::string& text) {
 Environment read_environment() {
   Environment env;
   env.world_size = integer("WORLD_SIZE", required("WORLD_SIZE"));
-  TORCH_CHECK_VALUE(env.world_size >= 1, "WORLD_SIZE must be at least 1, but is ",
-                    env.world_size);
+  TORCH_CHECK_VALUE(env.world_size >= 1, "WORLD_SIZE must be at least 1, but is ", env.world_size);
   env.rank = integer("RANK", required("RANK"));
-  TORCH_CHECK_VALUE(env.rank >= 0 && env.rank < env.world_size, "RANK must be in [0, WORLD_SIZE = ",
-                    env.world_size, "), but is ", env.rank);
+  TORCH_CHECK_VALUE(env.rank >= 0 && env.rank < env.world_size,
+                    "RANK must be in [0, WORLD_SIZE = ", env.world_size, "), but is ", env.rank);
   const auto local = variable("LOCAL_RANK");
   env.local_rank = local ? integer("LOCAL_RANK", *local) : env.rank;
   TORCH_CHECK_VALUE(env.local_rank >= 0 && env.local_rank < env.world_size,

@@ -79,9 +79,8 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
       part->push_back(names[layer], *any_layer);
     }
     if (s % W != rank) continue;
-    stages_.push_back(std::make_unique<schedule::Stage>(s, num_stages_, std::move(part),
-                                                        c10::Device(c10::kCPU),
-                                                        options_.checkpoint()));
+    stages_.push_back(std::make_unique<schedule::Stage>(
+        s, num_stages_, std::move(part), c10::Device(c10::kCPU), options_.checkpoint()));
     by_index_[s] = stages_.back().get();
   }
   transport_ = std::make_unique<C10dTransport>(
@@ -109,8 +108,8 @@ torch::nn::Sequential& PipelineStage::stage_module(int64_t index) {
 const schedule::Schedule& PipelineStage::schedule(int64_t num_microbatches) {
   auto it = schedules_.find(num_microbatches);
   if (it != schedules_.end()) return it->second;
-  schedule::Schedule s = schedule::make_schedule(options_.schedule(), world_size(), num_stages_,
-                                                 num_microbatches);
+  schedule::Schedule s =
+      schedule::make_schedule(options_.schedule(), world_size(), num_stages_, num_microbatches);
   schedule::validate(s, schedule::ValidateOptions().queue_capacity(num_microbatches));
   return schedules_.emplace(num_microbatches, std::move(s)).first->second;
 }

@@ -49,9 +49,9 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
     return batch;
   };
   for (const Action& a : actions) {
-    TORCH_INTERNAL_ASSERT(a.stage >= 0 && a.stage < static_cast<int64_t>(stages.size()) &&
-                              stages[a.stage] != nullptr,
-                          "no stage here for ", a);
+    TORCH_INTERNAL_ASSERT(
+        a.stage >= 0 && a.stage < static_cast<int64_t>(stages.size()) && stages[a.stage] != nullptr,
+        "no stage here for ", a);
     Stage& stage = *stages[a.stage];
     const int64_t i = a.microbatch;
     std::optional<memory::ScopedTag> tag;

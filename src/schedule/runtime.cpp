@@ -155,8 +155,8 @@ void PipelineSchedule::run_worker(int64_t worker, const Schedule& schedule,
   trace::UseTracer use_tracer(options_.tracer().get(), worker, steps_);
   std::vector<Stage*> stages;
   for (auto& stage : stages_) stages.push_back(stage.get());
-  run_actions(schedule.actions[worker], stages, transport, StepInputs{inputs, targets, scales, loss_},
-              losses);
+  run_actions(schedule.actions[worker], stages, transport,
+              StepInputs{inputs, targets, scales, loss_}, losses);
 }
 
 at::Tensor PipelineSchedule::step(const Batch& input, const Batch& target) {

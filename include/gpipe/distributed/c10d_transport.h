@@ -17,6 +17,9 @@
 // the timeout is recorded as failed by the rank that waited for it. Losing the store means that
 // rank 0, which serves it, is gone. After a failure the transport is unusable: end the process.
 //
+// Several transports may share one ProcessGroup one after another (each has its own keys in the
+// store), as long as every rank makes them in the same order.
+//
 // Thread safety: send(), recv(), flush() and report_failure() are called by one thread (the
 // rank's worker); abort() from any thread. The watcher thread only reads the store and aborts
 // waits. State shared with it is guarded by mutex_.
@@ -131,6 +134,7 @@ class C10dTransport : public schedule::Transport {
   ProcessGroup group_;
   int64_t num_stages_;
   C10dTransportOptions options_;
+  std::string keys_;  // the prefix of this transport's keys in the store
   std::map<std::pair<int64_t, int64_t>, Edge> edges_;
   // Activations sent per (to_stage, micro-batch): what their gradients must look like.
   std::map<std::pair<int64_t, int64_t>, MessageMetadata> sent_;
@@ -145,9 +149,9 @@ class C10dTransport : public schedule::Transport {
 
   mutable std::mutex mutex_;
   std::condition_variable stop_changed_;
-  bool stop_ = false;                              // guarded by mutex_
-  bool aborted_ = false;                           // guarded by mutex_
-  std::optional<std::string> failure_;             // guarded by mutex_
+  bool stop_ = false;                                    // guarded by mutex_
+  bool aborted_ = false;                                 // guarded by mutex_
+  std::optional<std::string> failure_;                   // guarded by mutex_
   std::vector<c10::intrusive_ptr<c10d::Work>> waiting_;  // guarded by mutex_
   std::thread watcher_;
 };

@@ -13,11 +13,11 @@ namespace distributed {
 
 /// This process's place among the processes of one job.
 struct Environment {
-  int64_t rank = 0;        ///< RANK: 0 <= rank < world_size
-  int64_t world_size = 1;  ///< WORLD_SIZE: the number of processes
-  int64_t local_rank = 0;  ///< LOCAL_RANK: the rank among the processes of this machine
-  std::string master_addr; ///< MASTER_ADDR: the host of rank 0, which serves the TCPStore
-  int64_t master_port = 0; ///< MASTER_PORT: the TCPStore's port on MASTER_ADDR
+  int64_t rank = 0;         ///< RANK: 0 <= rank < world_size
+  int64_t world_size = 1;   ///< WORLD_SIZE: the number of processes
+  int64_t local_rank = 0;   ///< LOCAL_RANK: the rank among the processes of this machine
+  std::string master_addr;  ///< MASTER_ADDR: the host of rank 0, which serves the TCPStore
+  int64_t master_port = 0;  ///< MASTER_PORT: the TCPStore's port on MASTER_ADDR
 };
 
 /// Reads RANK, WORLD_SIZE, LOCAL_RANK (default: RANK), MASTER_ADDR and MASTER_PORT. Throws

@@ -19,6 +19,11 @@
 // again. Destroy the PipelineStage (do not let the exception escape main) so that rank 0, which
 // serves the store, waits until the others have seen the failure.
 //
+// Several PipelineStages in one process (one after another, or stepping in turns):
+// rendezvous once and build them all over that ProcessGroup, in the same order on every rank.
+// Each one that reads the environment itself starts its own store on MASTER_PORT, which only
+// works after the previous one is gone on every rank.
+//
 // Thread safety: one step() at a time; the modules must not be used elsewhere during step().
 #pragma once
 

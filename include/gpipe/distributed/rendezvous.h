@@ -20,8 +20,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 
 namespace gpipe {
 namespace distributed {
@@ -31,6 +33,9 @@ struct ProcessGroup {
   Environment environment;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+  /// How many transports (c10d_transport.h) have been made over this group, to give each its
+  /// own keys in the store.
+  std::shared_ptr<std::atomic<int64_t>> transports = std::make_shared<std::atomic<int64_t>>(0);
 
   int64_t rank() const { return environment.rank; }
   int64_t world_size() const { return environment.world_size; }
