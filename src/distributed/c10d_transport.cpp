@@ -150,11 +150,14 @@ C10dTransport::C10dTransport(ProcessGroup group, int64_t num_stages, C10dTranspo
     : group_(std::move(group)),
       num_stages_(num_stages),
       options_(options),
+      pipeline_size_(options.pipeline_size() > 0 ? options.pipeline_size() : group_.world_size()),
       // Every rank makes its transports over a group in the same order, so the count names the
       // same transport on every rank and keeps its keys apart from earlier ones.
       keys_("gpipe/transport" + std::to_string(group_.transports ? (*group_.transports)++ : 0) +
             "/") {
   TORCH_CHECK_VALUE(num_stages > 0, "num_stages must be positive, but got ", num_stages);
+  TORCH_CHECK_VALUE(group_.world_size() % pipeline_size_ == 0, "pipelines of ", pipeline_size_,
+                    " ranks do not divide WORLD_SIZE = ", group_.world_size());
   TORCH_CHECK_VALUE(options_.timeout().count() > 0, "timeout must be positive, but got ",
                     options_.timeout().count(), " ms");
   TORCH_CHECK_VALUE(options_.poll_interval().count() > 0,

@@ -1,7 +1,10 @@
 #include "gpipe/distributed/rendezvous.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
 
 #include <cstdlib>
 #include <exception>
@@ -53,6 +56,25 @@ ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeou
                 env.world_size, " ranks within ", timeout.count(), " ms: ", error.what());
   }
   return result;
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> new_group(const ProcessGroup& world,
+                                                 const std::vector<int64_t>& ranks,
+                                                 const std::string& name,
+                                                 std::chrono::milliseconds timeout) {
+  const auto it = std::find(ranks.begin(), ranks.end(), world.rank());
+  TORCH_CHECK_VALUE(it != ranks.end(), "rank ", world.rank(), " is not among the ranks of group '",
+                    name, "'");
+  auto store = c10::make_intrusive<c10d::PrefixStore>("gpipe/group/" + name, world.store);
+  auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
+  gloo->devices.push_back(gloo_device(world.environment));
+  try {
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(it - ranks.begin()),
+                                                       static_cast<int>(ranks.size()), gloo);
+  } catch (const std::exception& error) {
+    TORCH_CHECK(false, "rank ", world.rank(), " could not connect group '", name, "' of ",
+                ranks.size(), " ranks within ", timeout.count(), " ms: ", error.what());
+  }
 }
 
 }  // namespace distributed

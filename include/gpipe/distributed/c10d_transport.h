@@ -1,10 +1,11 @@
 // C10dTransport: the Transport (schedule/transport.h) between processes, over a c10d process
 // group (Gloo for CPU tensors).
 //
-// Stage s runs on rank s % world_size. Each message is a fixed-size header tensor (int64: kind,
-// micro-batch, stages, and per tensor its dtype and shape) followed by one message per defined
-// tensor, all on the directed edge's own tag, so edges between the same two ranks (interleaved
-// schedules) never mix. Sends are asynchronous: their work is kept until flush().
+// Stage s runs on rank s % world_size (or on rank s % P of this rank's block of P ranks, with
+// several pipelines side by side: pipeline_size). Each message is a fixed-size header tensor
+// (int64: kind, micro-batch, stages, and per tensor its dtype and shape) followed by one message
+// per defined tensor, all on the directed edge's own tag, so edges between the same two ranks
+// (interleaved schedules) never mix. Sends are asynchronous: their work is kept until flush().
 //
 // Metadata: the first message on each edge fixes the edge's metadata (number of tensors, dtypes,
 // shapes but the batch dimension); each later one must agree, and a gradient must have the dtype
@@ -53,6 +54,11 @@ struct C10dTransportOptions {
 
   /// How often the watcher looks in the store for failures of other ranks. Default: 50 ms.
   TORCH_ARG(std::chrono::milliseconds, poll_interval) = std::chrono::milliseconds(50);
+
+  /// The ranks of one pipeline: ranks come in consecutive blocks of this many, one pipeline
+  /// (replica) each, and stage s runs on the block's rank s % pipeline_size (data_parallel.h);
+  /// 0 for the whole world. Default: 0.
+  TORCH_ARG(int64_t, pipeline_size) = 0;
 };
 
 /// The dtype and shape of each tensor of a message (an undefined tensor has dtype -1).
@@ -109,7 +115,11 @@ class C10dTransport : public schedule::Transport {
 
   int64_t rank() const { return group_.rank(); }
   int64_t world_size() const { return group_.world_size(); }
-  int64_t rank_of(int64_t stage) const { return stage % group_.world_size(); }
+  int64_t pipeline_size() const { return pipeline_size_; }
+  /// The rank that runs `stage` in this rank's pipeline.
+  int64_t rank_of(int64_t stage) const {
+    return rank() / pipeline_size_ * pipeline_size_ + stage % pipeline_size_;
+  }
 
  private:
   struct Edge {
@@ -134,6 +144,7 @@ class C10dTransport : public schedule::Transport {
   ProcessGroup group_;
   int64_t num_stages_;
   C10dTransportOptions options_;
+  int64_t pipeline_size_;
   std::string keys_;  // the prefix of this transport's keys in the store
   std::map<std::pair<int64_t, int64_t>, Edge> edges_;
   // Activations sent per (to_stage, micro-batch): what their gradients must look like.

@@ -9,9 +9,9 @@
 // plain model (see runtime.h for the loss scaling), and step() returns the loss on every rank:
 // the last stage's rank sends it to the others.
 //
-// Every rank passes the same batch to step() (at least tensors of the right batch size): the
-// first stage's rank reads the input, the last stage's rank the target, and every rank derives
-// the number of micro-batches from the batch size.
+// Every rank of a pipeline passes the same batch to step() (at least tensors of the right batch
+// size): the first stage's rank reads the input, the last stage's rank the target, and every rank
+// derives the number of micro-batches from the batch size.
 //
 // Failures: an exception on any rank makes step() throw c10::Error on every rank, naming the rank
 // that failed first and its message, within the timeout; a rank killed or hung is named by the
@@ -28,6 +28,7 @@
 #pragma once
 
 #include "gpipe/distributed/c10d_transport.h"
+#include "gpipe/distributed/data_parallel.h"
 #include "gpipe/distributed/environment.h"
 #include "gpipe/distributed/rendezvous.h"
 #include "gpipe/microbatch.h"
@@ -79,6 +80,12 @@ struct PipelineStageOptions {
 
   /// How often each rank looks for failures of the others. Default: 50 ms.
   TORCH_ARG(std::chrono::milliseconds, poll_interval) = std::chrono::milliseconds(50);
+
+  /// Replicas of the pipeline (pipeline x data parallelism): WORLD_SIZE = ranks per pipeline x
+  /// data_parallel; replica d runs on a block of consecutive ranks, each replica trains on its
+  /// own batch, and after each step every stage's gradients and the loss are averaged (summed
+  /// for LossReduction::kSum) over its replicas (data_parallel.h). Default: 1.
+  TORCH_ARG(int64_t, data_parallel) = 1;
 };
 
 /// This rank's stages of a pipeline across processes.
@@ -107,6 +114,10 @@ class PipelineStage {
   int64_t rank() const { return transport_->rank(); }
   int64_t world_size() const { return transport_->world_size(); }
   int64_t num_stages() const { return num_stages_; }
+  /// Ranks per pipeline: WORLD_SIZE / data_parallel.
+  int64_t pipeline_size() const { return transport_->pipeline_size(); }
+  /// Which replica of the pipeline this rank belongs to, in [0, data_parallel).
+  int64_t replica() const { return rank() / pipeline_size(); }
 
   /// The stages this rank runs, in increasing order.
   std::vector<int64_t> stage_indices() const;
@@ -114,7 +125,8 @@ class PipelineStage {
   /// The module of stage `index`. Throws c10::IndexError unless this rank runs it.
   torch::nn::Sequential& stage_module(int64_t index);
 
-  /// Seconds this rank spent waiting in sends and receives during the last step().
+  /// Seconds this rank spent waiting in sends, receives and the replicas' all-reduce during the
+  /// last step().
   double last_communication_seconds() const { return last_communication_seconds_; }
 
   /// The schedule for `num_microbatches` micro-batches (every rank's actions).
@@ -126,6 +138,7 @@ class PipelineStage {
   int64_t num_stages_ = 0;
   std::vector<std::unique_ptr<schedule::Stage>> stages_;  // this rank's, in order
   std::vector<schedule::Stage*> by_index_;                // by stage index; null elsewhere
+  std::unique_ptr<ReplicaGroup> replicas_;                // with data_parallel > 1
   std::unique_ptr<C10dTransport> transport_;
   std::map<int64_t, schedule::Schedule> schedules_;  // by number of micro-batches
   double last_communication_seconds_ = 0;

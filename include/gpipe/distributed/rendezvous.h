@@ -24,6 +24,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace gpipe {
 namespace distributed {
@@ -45,6 +47,15 @@ struct ProcessGroup {
 /// for all of them; the process group's operations time out after `timeout` as well. Throws
 /// c10::Error naming MASTER_ADDR:MASTER_PORT if the ranks do not all join in time.
 ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeout);
+
+/// A Gloo process group among `ranks` of `world` (like torch.distributed.new_group), whose
+/// rendezvous keys go under `name` in the world's store. Only the members call it, each with
+/// the same ranks and name; a name is used once. Returns this rank's group, in which rank k is
+/// ranks[k]. Throws c10::ValueError unless this rank is among `ranks`.
+c10::intrusive_ptr<c10d::ProcessGroup> new_group(const ProcessGroup& world,
+                                                 const std::vector<int64_t>& ranks,
+                                                 const std::string& name,
+                                                 std::chrono::milliseconds timeout);
 
 }  // namespace distributed
 }  // namespace gpipe
