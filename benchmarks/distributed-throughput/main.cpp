@@ -2,7 +2,9 @@
 // against the same schedules on threads of one process (ThreadTransport), side by side in one
 // run: 2 stages x 1 intra-op thread. With M micro-batches the bubble bounds the speedup over the
 // plain model on 1 thread at 2 * M / (M + 1) (1.78x for M = 8); efficiency is the speedup over
-// that bound. Also prints each rank's time waiting in sends and receives per step.
+// that bound. Also prints, per rank and step, the time spent in the transport (blocked in sends
+// and receives, which includes waiting for the other rank to compute: the bubble) and, of it,
+// the time moving data (receiving tensors whose header has arrived, and the final flush).
 // Default: 8 x Linear(1024, 1024) + Tanh, batch 2048, M = 8 (micro-batches of 256 rows).
 //
 // Usage: distributed_throughput [--width W] [--layers L] [--batch N] [--chunks M] [--repeats R]
@@ -13,9 +15,8 @@
 // The program runs the in-process candidates itself, then starts 2 ranks of itself (RANK,
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, as gpipe_launch would) and waits while they run.
 // OpenBLAS keeps one process-wide thread count: every process sets it to 1 with
-// openblas_set_num_threads where the library has it (not with OPENBLAS_NUM_THREADS=1, under which
-// OpenBLAS serializes calls from several threads of one process on a lock, which would slow the
-// thread transport). It re-executes itself with GLIBC_TUNABLES set for stable timings.
+// openblas_set_num_threads where the library has it (see main() for why the in-process runs
+// first run one step with 2). It re-executes itself with GLIBC_TUNABLES set for stable timings.
 #include "gpipe/distributed/pipeline_stage.h"
 #include "gpipe/schedule/runtime.h"
 
@@ -112,15 +113,16 @@ int run_rank(const Config& c, const std::string& out) {
     gpipe::distributed::PipelineStage pipe(
         group, model, balance(c), mse,
         gpipe::distributed::PipelineStageOptions(c.chunks).schedule(kind));
-    std::vector<double> steps, comm;
+    std::vector<double> steps, comm, transfer;
     for (int64_t r = 0; r <= c.repeats; ++r) {
       for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
       const double t = seconds([&] { pipe.step(input, target); });
       if (r == 0) continue;  // warm-up
       steps.push_back(t);
       comm.push_back(pipe.last_communication_seconds());
+      transfer.push_back(pipe.last_transfer_seconds());
     }
-    lines << kind << " " << median(steps) << " " << median(comm) << "\n";
+    lines << kind << " " << median(steps) << " " << median(comm) << " " << median(transfer) << "\n";
   }
   std::ofstream(out + ".rank" + std::to_string(rank)) << lines.str();
   return 0;
@@ -198,9 +200,16 @@ int main(int argc, char** argv) {
          fill_drain.step(input, target);
        }},
   };
+  // Debian 12's OpenBLAS (0.3.21, pthreads) serializes matrix products that several threads of
+  // a process call at once unless it has run with more than one thread before: without this the
+  // thread transport runs at about the plain model's speed (measured: 0.87-0.97x of (a) instead
+  // of 1.5x). One step on 2 BLAS threads first, as schedule_throughput's plain (b) does.
+  set_blas_threads(2);
+  candidates[0].step();
+  set_blas_threads(1);
   for (auto& cand : candidates) cand.step();  // warm up
   struct Rank {
-    std::vector<double> steps, comm;
+    std::vector<double> steps, comm, transfer;
   };
   // [schedule: 1f1b, gpipe][rank]: the medians of each round.
   std::vector<std::vector<Rank>> ranks(2, std::vector<Rank>(2));
@@ -244,10 +253,11 @@ int main(int argc, char** argv) {
     for (int rank = 0; rank < 2; ++rank) {
       std::ifstream in(results + ".rank" + std::to_string(rank));
       std::string name;
-      double step = 0, comm = 0;
-      for (int s = 0; s < 2 && (in >> name >> step >> comm); ++s) {
+      double step = 0, comm = 0, transfer = 0;
+      for (int s = 0; s < 2 && (in >> name >> step >> comm >> transfer); ++s) {
         ranks[s][rank].steps.push_back(step);
         ranks[s][rank].comm.push_back(comm);
+        ranks[s][rank].transfer.push_back(transfer);
       }
     }
   }
@@ -260,7 +270,7 @@ int main(int argc, char** argv) {
       dlsym(RTLD_DEFAULT, "openblas_set_num_threads") ? "1" : "not settable");
   const double a = median(candidates[0].times);
   std::printf("%-28s %10s %12s %8s %11s %22s\n", "", "step (ms)", "samples/s", "vs (a)",
-              "efficiency", "comm/step ms (r0, r1)");
+              "efficiency", "ms/step in transport / moving data (rank 0; rank 1)");
   for (const auto& cand : candidates) {
     const double t = median(cand.times);
     std::printf("%-28s %10.1f %12.1f %7.2fx %10.0f%%\n", cand.name.c_str(), t * 1e3, c.batch / t,
@@ -271,9 +281,11 @@ int main(int argc, char** argv) {
     if (ranks[s][0].steps.empty()) continue;
     const double t = median(ranks[s][0].steps);
     const double thread_t = median(candidates[1 + s].times);
-    std::printf("%-28s %10.1f %12.1f %7.2fx %10.0f%% %10.1f, %.1f   (%.2fx of threads)\n", names[s],
-                t * 1e3, c.batch / t, a / t, 100 * a / t / bound, median(ranks[s][0].comm) * 1e3,
-                median(ranks[s][1].comm) * 1e3, thread_t / t);
+    std::printf(
+        "%-28s %10.1f %12.1f %7.2fx %10.0f%%  %.1f / %.1f; %.1f / %.1f  (%.2fx of threads)\n",
+        names[s], t * 1e3, c.batch / t, a / t, 100 * a / t / bound, median(ranks[s][0].comm) * 1e3,
+        median(ranks[s][0].transfer) * 1e3, median(ranks[s][1].comm) * 1e3,
+        median(ranks[s][1].transfer) * 1e3, thread_t / t);
   }
   std::printf("bubble bound over (a): 2 x %lld / %lld = %.2fx\n", (long long)c.chunks,
               (long long)(c.chunks + 1), bound);

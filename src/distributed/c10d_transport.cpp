@@ -296,7 +296,9 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
                   at::TensorOptions().dtype(static_cast<c10::ScalarType>(h.meta.dtypes[k])));
     if (x.numel() > 0) {
       std::vector<at::Tensor> payload{x};
+      const double before = communication_seconds_;
       wait(group_.group->recv(payload, static_cast<int>(peer), t), what.str(), peer);
+      transfer_seconds_ += communication_seconds_ - before;
     }
     tensors.push_back(std::move(x));
   }
@@ -307,7 +309,9 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
 void C10dTransport::flush() {
   std::vector<Send> sends;
   sends.swap(sends_);
+  const double before = communication_seconds_;
   for (const auto& send : sends) wait(send.work, "the receipt of " + send.what, send.peer);
+  transfer_seconds_ += communication_seconds_ - before;
 }
 
 void C10dTransport::send_to_rank(at::Tensor value, int64_t to_rank) {

@@ -189,11 +189,13 @@ at::Tensor PipelineStage::step(const Batch& input, const Batch& target) {
     }
   } catch (const std::exception& error) {
     last_communication_seconds_ = transport_->communication_seconds() + communication_seconds;
+    last_transfer_seconds_ = transport_->transfer_seconds() + communication_seconds;
     transport_->report_failure(message_of(error));
     for (auto& stage : stages_) stage->clear();
     throw;
   }
   last_communication_seconds_ = transport_->communication_seconds() + communication_seconds;
+  last_transfer_seconds_ = transport_->transfer_seconds() + communication_seconds;
   return total;
 }
 

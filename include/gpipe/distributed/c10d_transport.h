@@ -111,7 +111,10 @@ class C10dTransport : public schedule::Transport {
 
   /// Seconds spent waiting in send, recv and flush since the last reset.
   double communication_seconds() const { return communication_seconds_; }
-  void reset_communication_seconds() { communication_seconds_ = 0; }
+  /// Of those, the seconds spent receiving tensors whose header had arrived, and in flush(): the
+  /// data's own movement, without the waits for the peer to compute it.
+  double transfer_seconds() const { return transfer_seconds_; }
+  void reset_communication_seconds() { communication_seconds_ = transfer_seconds_ = 0; }
 
   int64_t rank() const { return group_.rank(); }
   int64_t world_size() const { return group_.world_size(); }
@@ -156,6 +159,7 @@ class C10dTransport : public schedule::Transport {
   };
   std::vector<Send> sends_;  // outstanding sends
   double communication_seconds_ = 0;
+  double transfer_seconds_ = 0;
   bool reported_ = false;  // this rank recorded a failure
 
   mutable std::mutex mutex_;

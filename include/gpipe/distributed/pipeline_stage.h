@@ -128,6 +128,9 @@ class PipelineStage {
   /// Seconds this rank spent waiting in sends, receives and the replicas' all-reduce during the
   /// last step().
   double last_communication_seconds() const { return last_communication_seconds_; }
+  /// Of those, the seconds spent moving data: receiving tensors whose header had arrived,
+  /// waiting for sends to be received at the end, and the all-reduce.
+  double last_transfer_seconds() const { return last_transfer_seconds_; }
 
   /// The schedule for `num_microbatches` micro-batches (every rank's actions).
   const schedule::Schedule& schedule(int64_t num_microbatches);
@@ -142,6 +145,7 @@ class PipelineStage {
   std::unique_ptr<C10dTransport> transport_;
   std::map<int64_t, schedule::Schedule> schedules_;  // by number of micro-batches
   double last_communication_seconds_ = 0;
+  double last_transfer_seconds_ = 0;
 };
 
 }  // namespace distributed
