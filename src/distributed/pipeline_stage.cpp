@@ -62,7 +62,7 @@ PipelineStage::PipelineStage(const torch::nn::Sequential& module,
           [&] {
             const Environment env = read_environment();
             check_layout(env.world_size, module, balance, options);
-            return rendezvous(env, options.timeout());
+            return rendezvous(env, options.rendezvous_timeout());
           }(),
           module, balance, std::move(loss), options) {}
 
@@ -93,7 +93,7 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
     // Named after the transport that comes next, which is numbered alike on every rank.
     replicas_ = std::make_unique<ReplicaGroup>(
         group, P, "replicas_of_transport" + std::to_string(group.transports->load()),
-        options_.timeout());
+        options_.rendezvous_timeout());
   }
   transport_ = std::make_unique<C10dTransport>(std::move(group), num_stages_,
                                                C10dTransportOptions()

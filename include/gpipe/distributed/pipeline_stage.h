@@ -74,9 +74,13 @@ struct PipelineStageOptions {
   /// How the loss function reduces a micro-batch. Default: LossReduction::kMean.
   TORCH_ARG(schedule::LossReduction, loss_reduction) = schedule::LossReduction::kMean;
 
-  /// The rendezvous's limit, and the longest any send or receive waits for its peer before the
-  /// peer counts as failed. Default: 300 s.
+  /// The longest any send or receive waits for its peer before the peer counts as failed.
+  /// Default: 300 s.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(300);
+
+  /// The longest the ranks wait for each other to start and connect (rendezvous.h), and the
+  /// limit of the replicas' all-reduce. Default: 300 s.
+  TORCH_ARG(std::chrono::milliseconds, rendezvous_timeout) = std::chrono::seconds(300);
 
   /// How often each rank looks for failures of the others. Default: 50 ms.
   TORCH_ARG(std::chrono::milliseconds, poll_interval) = std::chrono::milliseconds(50);
