@@ -111,6 +111,23 @@ TEST(DistributedTransportTest, ShapeMismatchFailsOnBothSides) {
   EXPECT_THAT(receiver, ::testing::HasSubstr("rank 0 failed: " + expected));
 }
 
+TEST(DistributedTransportTest, ShapesMayChangeBetweenSteps) {
+  run_ranks([&](int64_t rank, C10dTransport& transport) {
+    for (const int64_t width : {8, 5}) {
+      transport.begin_step();
+      for (int64_t i = 0; i < 2; ++i) {
+        if (rank == 0) {
+          transport.send(Batch(torch::full({2, width}, static_cast<double>(i))), 0, 1, i);
+        } else {
+          EXPECT_TRUE(testing::bitwise_equal(transport.recv(0, 1, i).tensor(),
+                                             torch::full({2, width}, static_cast<double>(i))));
+        }
+      }
+      transport.flush();
+    }
+  });
+}
+
 TEST(DistributedTransportTest, OutOfOrderMessageIsNamed) {
   std::string receiver;
   run_ranks([&](int64_t rank, C10dTransport& transport) {

@@ -314,6 +314,10 @@ void C10dTransport::flush() {
   transfer_seconds_ += communication_seconds_ - before;
 }
 
+void C10dTransport::begin_step() {
+  for (auto& [key, e] : edges_) e.agreed.reset();
+}
+
 void C10dTransport::send_to_rank(at::Tensor value, int64_t to_rank) {
   check_not_failed("sending a value to rank " + std::to_string(to_rank));
   const auto start = Clock::now();

@@ -134,6 +134,7 @@ at::Tensor PipelineStage::step(const Batch& input, const Batch& target) {
   at::Tensor total;
   double communication_seconds = 0;  // in the replicas' all-reduce
   transport_->reset_communication_seconds();
+  transport_->begin_step();
   try {
     check(input);
     check(target);

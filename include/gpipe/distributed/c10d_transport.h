@@ -7,10 +7,11 @@
 // per defined tensor, all on the directed edge's own tag, so edges between the same two ranks
 // (interleaved schedules) never mix. Sends are asynchronous: their work is kept until flush().
 //
-// Metadata: the first message on each edge fixes the edge's metadata (number of tensors, dtypes,
-// shapes but the batch dimension); each later one must agree, and a gradient must have the dtype
-// and shape of the activation it belongs to. Both ends check, so a mismatch is a c10::ValueError
-// naming the stages, the micro-batch, what was agreed and what came, not garbage or a hang.
+// Metadata: the first message on each edge (in each step: begin_step()) fixes the edge's metadata
+// (number of tensors, dtypes, shapes but the batch dimension); each later one must agree, and a
+// gradient must have the dtype and shape of the activation it belongs to. Both ends check, so a
+// mismatch is a c10::ValueError naming the stages, the micro-batch, what was agreed and what came,
+// not garbage or a hang.
 //
 // Failures: report_failure() writes "rank R failed: <message>" into the store. A watcher thread
 // polls the store; once any rank has failed, every wait of this rank is aborted and throws
@@ -95,6 +96,11 @@ class C10dTransport : public schedule::Transport {
 
   /// Waits until every send so far has been received.
   void flush();
+
+  /// Starts a step: forgets the metadata agreed in the last one, so shapes may change from step
+  /// to step (e.g. sequence lengths), not within one. Both ends of an edge call it between the
+  /// same messages.
+  void begin_step();
 
   /// Sends `value` from this rank to `to_rank` outside the stages' edges (e.g. the loss), and
   /// receives one. Same failure behaviour as send() and recv().
