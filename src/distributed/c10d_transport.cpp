@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <functional>
 #include <sstream>
 
 namespace gpipe {
@@ -240,13 +241,15 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
   const int t = edge_tag(from_stage, to_stage);
   const auto start = Clock::now();
   std::vector<at::Tensor> header{encode(kind, tag, from_stage, to_stage, meta)};
-  sends_.push_back({group_.group->send(header, peer, t), peer, what.str()});
+  sends_.push_back({post([&] { return group_.group->send(header, peer, t); }, what.str(), peer),
+                    peer, what.str()});
   for (const auto& x : batch) {
     if (!x.defined() || x.numel() == 0) continue;
     TORCH_CHECK_VALUE(x.device().is_cpu(), "the Gloo transport sends CPU tensors, but stage ",
                       from_stage, " sends one on ", x.device());
     std::vector<at::Tensor> payload{x.contiguous()};
-    sends_.push_back({group_.group->send(payload, peer, t), peer, what.str()});
+    sends_.push_back({post([&] { return group_.group->send(payload, peer, t); }, what.str(), peer),
+                      peer, what.str()});
   }
   communication_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -263,7 +266,9 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
   check_not_failed("waiting for " + what.str());
   const int t = edge_tag(from_stage, to_stage);
   std::vector<at::Tensor> header{at::empty({kHeaderSize}, at::kLong)};
-  wait(group_.group->recv(header, static_cast<int>(peer), t), what.str(), peer);
+  wait(
+      post([&] { return group_.group->recv(header, static_cast<int>(peer), t); }, what.str(), peer),
+      what.str(), peer);
   const Header h = decode(header[0], rank(), peer);
   TORCH_CHECK_VALUE(h.kind == kind && h.tag == tag && h.from == from_stage && h.to == to_stage,
                     "stage ", to_stage, " expected ", what.str(), ", but got the ",
@@ -297,7 +302,9 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
     if (x.numel() > 0) {
       std::vector<at::Tensor> payload{x};
       const double before = communication_seconds_;
-      wait(group_.group->recv(payload, static_cast<int>(peer), t), what.str(), peer);
+      wait(post([&] { return group_.group->recv(payload, static_cast<int>(peer), t); }, what.str(),
+                peer),
+           what.str(), peer);
       transfer_seconds_ += communication_seconds_ - before;
     }
     tensors.push_back(std::move(x));
@@ -319,11 +326,14 @@ void C10dTransport::begin_step() {
 }
 
 void C10dTransport::send_to_rank(at::Tensor value, int64_t to_rank) {
-  check_not_failed("sending a value to rank " + std::to_string(to_rank));
+  const std::string what = "a value to rank " + std::to_string(to_rank);
+  check_not_failed("sending " + what);
   const auto start = Clock::now();
   std::vector<at::Tensor> tensors{value.contiguous()};
-  sends_.push_back({group_.group->send(tensors, static_cast<int>(to_rank), 2 * num_stages_),
-                    to_rank, "a value to rank " + std::to_string(to_rank)});
+  sends_.push_back(
+      {post([&] { return group_.group->send(tensors, static_cast<int>(to_rank), 2 * num_stages_); },
+            what, to_rank),
+       to_rank, what});
   communication_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 }
 
@@ -331,7 +341,11 @@ at::Tensor C10dTransport::recv_from_rank(int64_t from_rank, at::Tensor buffer) {
   const std::string what = "a value from rank " + std::to_string(from_rank);
   check_not_failed("waiting for " + what);
   std::vector<at::Tensor> tensors{buffer};
-  wait(group_.group->recv(tensors, static_cast<int>(from_rank), 2 * num_stages_), what, from_rank);
+  wait(
+      post(
+          [&] { return group_.group->recv(tensors, static_cast<int>(from_rank), 2 * num_stages_); },
+          what, from_rank),
+      what, from_rank);
   return buffer;
 }
 
@@ -358,6 +372,23 @@ void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::
   }
   if (done && error.empty()) return;
   if (!done && error.empty()) throw_failure("waiting for " + what);  // aborted
+  peer_failed(what, peer, error,
+              seconds * 1000 >= 0.9 * static_cast<double>(options_.timeout().count()));
+}
+
+c10::intrusive_ptr<c10d::Work> C10dTransport::post(
+    const std::function<c10::intrusive_ptr<c10d::Work>()>& start, const std::string& what,
+    int64_t peer) {
+  try {
+    return start();
+  } catch (const std::exception& e) {
+    // Gloo refuses to post on a connection that is already closed.
+    peer_failed(what, peer, e.what(), /*timed_out=*/false);
+  }
+}
+
+void C10dTransport::peer_failed(const std::string& what, int64_t peer, const std::string& error,
+                                bool timed_out) {
   // Gloo failed: the peer closed its connections or stayed silent. Another rank's failure may
   // explain it (a failing rank records it before it exits): give the watcher a moment.
   const auto patience =
@@ -367,7 +398,6 @@ void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::
   }
   if (!failure()) {
     std::ostringstream line;
-    const bool timed_out = seconds * 1000 >= 0.9 * static_cast<double>(options_.timeout().count());
     line << "rank " << peer << " failed: "
          << (timed_out ? "no answer within " + std::to_string(options_.timeout().count()) + " ms"
                        : std::string("connection lost (did the process die?)"))
@@ -375,6 +405,26 @@ void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::
     record_failure(line.str(), /*for_peer=*/true);
   }
   throw_failure("waiting for " + what);
+}
+
+void C10dTransport::barrier(const std::string& name, std::chrono::milliseconds timeout) {
+  const std::string key = keys_ + "barrier/" + name;
+  const auto deadline = Clock::now() + timeout;
+  try {
+    group_.store->add(key, 1);
+    while (group_.store->add(key, 0) < world_size()) {
+      TORCH_CHECK(Clock::now() < deadline, "rank ", rank(), ": not every rank reached '", name,
+                  "' within ", timeout.count(), " ms (", group_.store->add(key, 0), " of ",
+                  world_size(), " did)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "rank 0 failed: lost the store it serves at ",
+                group_.environment.master_addr, ":", group_.environment.master_port, " while rank ",
+                rank(), " waited for every rank to reach '", name, "' [", e.what(), "]");
+  }
 }
 
 void C10dTransport::abort() {

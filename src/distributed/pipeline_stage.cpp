@@ -102,6 +102,10 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
                                                    .pipeline_size(P));
   // Fails early for a schedule that cannot run these stages.
   schedule(1);
+  // No step starts before every rank has connected: a rank that dies later is seen through its
+  // closed connections, never waited for by a rank still connecting (which only the rendezvous
+  // timeout would end).
+  transport_->barrier("connected", options_.rendezvous_timeout());
 }
 
 PipelineStage::~PipelineStage() = default;

@@ -53,7 +53,9 @@ ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeou
         result.store, static_cast<int>(env.rank), static_cast<int>(env.world_size), gloo);
   } catch (const std::exception& error) {
     TORCH_CHECK(false, "rank ", env.rank, " could not connect the Gloo process group of ",
-                env.world_size, " ranks within ", timeout.count(), " ms: ", error.what());
+                env.world_size, " ranks (timeout ", timeout.count(), " ms; a rank that is gone, ",
+                "or rank 0, which serves the store at ", env.master_addr, ":", env.master_port,
+                "?): ", error.what());
   }
   return result;
 }

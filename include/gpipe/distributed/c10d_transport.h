@@ -36,6 +36,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -107,6 +108,10 @@ class C10dTransport : public schedule::Transport {
   void send_to_rank(at::Tensor value, int64_t to_rank);
   at::Tensor recv_from_rank(int64_t from_rank, at::Tensor buffer);
 
+  /// Waits until every rank has called barrier(name) (through the store), at most `timeout`.
+  /// Throws c10::Error naming rank 0 if the store is lost, or saying how many ranks came.
+  void barrier(const std::string& name, std::chrono::milliseconds timeout);
+
   /// Records in the store that this rank failed with `message`, unless another rank's failure
   /// was recorded first (then this failure is its consequence), and waits a little for the other
   /// ranks to see it.
@@ -140,6 +145,12 @@ class C10dTransport : public schedule::Transport {
   // Waits for `work`, abortable by the watcher. On failure records and throws; `what` and
   // `peer` describe what was awaited.
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what, int64_t peer);
+  // Posts a send or receive; if Gloo refuses (a closed connection), the peer failed.
+  c10::intrusive_ptr<c10d::Work> post(const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+                                      const std::string& what, int64_t peer);
+  // Records that `peer` failed (unless another failure explains it) and throws.
+  [[noreturn]] void peer_failed(const std::string& what, int64_t peer, const std::string& error,
+                                bool timed_out);
   [[noreturn]] void throw_failure(const std::string& what);
   void check_not_failed(const std::string& what);
   void watch();
