@@ -1,6 +1,6 @@
 #include "gpipe/schedule/runtime.h"
 
-#include "gpipe/memory.h"
+#include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/thread_transport.h"
 #include "gpipe/schedule/validate.h"
 #include "gpipe/skip/layout.h"
@@ -12,7 +12,6 @@
 
 #include <exception>
 #include <numeric>
-#include <optional>
 #include <thread>
 #include <utility>
 
@@ -32,29 +31,6 @@ std::ostream& operator<<(std::ostream& out, LossReduction reduction) {
 PipelineScheduleOptions::PipelineScheduleOptions(int64_t chunks) : chunks_(chunks) {}
 
 namespace {
-
-// The name of an action's task in traces.
-const char* trace_name(ActionKind kind) {
-  switch (kind) {
-    case ActionKind::kForward:
-      return "forward";
-    case ActionKind::kBackward:
-      return "backward";
-    case ActionKind::kBackwardInput:
-      return "backward_input";
-    case ActionKind::kBackwardWeight:
-      return "backward_weight";
-    case ActionKind::kSendActivation:
-      return "send_activation";
-    case ActionKind::kRecvActivation:
-      return "recv_activation";
-    case ActionKind::kSendGradient:
-      return "send_gradient";
-    case ActionKind::kRecvGradient:
-      return "recv_gradient";
-  }
-  return "action";
-}
 
 std::vector<torch::nn::Sequential> split(const torch::nn::Sequential& module,
                                          const std::vector<int64_t>& balance) {
@@ -183,61 +159,11 @@ void PipelineSchedule::run_worker(int64_t worker, const Schedule& schedule,
     at::internal::lazy_init_num_threads();
     at::set_num_threads(static_cast<int>(options_.intra_op_threads()));
   }
-  // Per stage of this worker: received inputs and output gradients, and outputs to send.
-  std::map<std::pair<int64_t, int64_t>, Batch> received_inputs, received_grads, outputs,
-      grad_inputs;
-  const auto key = [](const Action& a) { return std::make_pair(a.stage, a.microbatch); };
-  const auto take = [](std::map<std::pair<int64_t, int64_t>, Batch>& from,
-                       std::pair<int64_t, int64_t> k, const Action& a) {
-    auto it = from.find(k);
-    TORCH_INTERNAL_ASSERT(it != from.end(), "nothing to use for ", a);
-    Batch batch = std::move(it->second);
-    from.erase(it);
-    return batch;
-  };
   trace::UseTracer use_tracer(options_.tracer().get(), worker, steps_);
-  for (const Action& a : schedule.actions[worker]) {
-    Stage& stage = *stages_[a.stage];
-    const int64_t i = a.microbatch;
-    std::optional<memory::ScopedTag> tag;
-    if (a.stage < memory::kMaxTags) tag.emplace(a.stage);
-    trace::TraceSpan span(trace_name(a.kind), a.stage, i);
-    switch (a.kind) {
-      case ActionKind::kRecvActivation:
-        received_inputs.emplace(key(a), transport.recv(a.stage - 1, a.stage, i));
-        break;
-      case ActionKind::kForward: {
-        Batch input = stage.is_first() ? inputs[i] : take(received_inputs, key(a), a);
-        if (stage.is_last()) {
-          losses[i] = stage.forward_loss(i, input, targets[i], loss_, scales[i]);
-        } else {
-          outputs.emplace(key(a), stage.forward(i, input));
-        }
-        break;
-      }
-      case ActionKind::kSendActivation:
-        transport.send(take(outputs, key(a), a), a.stage, a.stage + 1, i);
-        break;
-      case ActionKind::kRecvGradient:
-        received_grads.emplace(key(a), transport.recv(a.stage + 1, a.stage, i));
-        break;
-      case ActionKind::kBackward:
-      case ActionKind::kBackwardInput: {
-        Batch grad =
-            stage.is_last() ? Batch(std::vector<at::Tensor>{}) : take(received_grads, key(a), a);
-        Batch grad_input = a.kind == ActionKind::kBackward ? stage.backward(i, grad)
-                                                           : stage.backward_input(i, grad);
-        if (!stage.is_first()) grad_inputs.emplace(key(a), std::move(grad_input));
-        break;
-      }
-      case ActionKind::kBackwardWeight:
-        stage.backward_weight(i);
-        break;
-      case ActionKind::kSendGradient:
-        transport.send(take(grad_inputs, key(a), a), a.stage, a.stage - 1, i);
-        break;
-    }
-  }
+  std::vector<Stage*> stages;
+  for (auto& stage : stages_) stages.push_back(stage.get());
+  run_actions(schedule.actions[worker], stages, transport,
+              StepInputs{inputs, targets, scales, loss_}, losses);
 }
 
 at::Tensor PipelineSchedule::step(const Batch& input, const Batch& target) {

@@ -1,0 +1,192 @@
+// C10dTransport: the Transport (schedule/transport.h) between processes, over a c10d process
+// group (Gloo for CPU tensors).
+//
+// Stage s runs on rank s % world_size (or on rank s % P of this rank's block of P ranks, with
+// several pipelines side by side: pipeline_size). Each message is a fixed-size header tensor
+// (int64: kind, micro-batch, stages, and per tensor its dtype and shape) followed by one message
+// per defined tensor, all on the directed edge's own tag, so edges between the same two ranks
+// (interleaved schedules) never mix. Sends are asynchronous: their work is kept until flush().
+//
+// Metadata: the first message on each edge (in each step: begin_step()) fixes the edge's metadata
+// (number of tensors, dtypes, shapes but the batch dimension); each later one must agree, and a
+// gradient must have the dtype and shape of the activation it belongs to. Both ends check, so a
+// mismatch is a c10::ValueError naming the stages, the micro-batch, what was agreed and what came,
+// not garbage or a hang.
+//
+// Failures: report_failure() writes "rank R failed: <message>" into the store. A watcher thread
+// polls the store; once any rank has failed, every wait of this rank is aborted and throws
+// c10::Error with that message. A peer that dies (its connections close) or stays silent past
+// the timeout is recorded as failed by the rank that waited for it. Losing the store means that
+// rank 0, which serves it, is gone. After a failure the transport is unusable: end the process.
+//
+// Several transports may share one ProcessGroup one after another (each has its own keys in the
+// store), as long as every rank makes them in the same order.
+//
+// Thread safety: send(), recv(), flush() and report_failure() are called by one thread (the
+// rank's worker); abort() from any thread. The watcher thread only reads the store and aborts
+// waits. State shared with it is guarded by mutex_.
+#pragma once
+
+#include "gpipe/distributed/rendezvous.h"
+#include "gpipe/schedule/transport.h"
+
+#include <torch/arg.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace gpipe {
+namespace distributed {
+
+/// Options for C10dTransport.
+struct C10dTransportOptions {
+  /// The longest a send or receive waits for its peer before that peer counts as failed.
+  /// Default: 300 s.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(300);
+
+  /// How often the watcher looks in the store for failures of other ranks. Default: 50 ms.
+  TORCH_ARG(std::chrono::milliseconds, poll_interval) = std::chrono::milliseconds(50);
+
+  /// The ranks of one pipeline: ranks come in consecutive blocks of this many, one pipeline
+  /// (replica) each, and stage s runs on the block's rank s % pipeline_size (data_parallel.h);
+  /// 0 for the whole world. Default: 0.
+  TORCH_ARG(int64_t, pipeline_size) = 0;
+};
+
+/// The dtype and shape of each tensor of a message (an undefined tensor has dtype -1).
+struct MessageMetadata {
+  bool atomic = true;
+  std::vector<int64_t> dtypes;
+  std::vector<std::vector<int64_t>> shapes;
+};
+
+/// Moves Batches between stages on different ranks.
+class C10dTransport : public schedule::Transport {
+ public:
+  /// For `num_stages` stages over `group`. Starts the watcher. Throws c10::ValueError unless
+  /// num_stages is positive.
+  C10dTransport(ProcessGroup group, int64_t num_stages, C10dTransportOptions options = {});
+
+  /// Stops the watcher; without a failure, waits for outstanding sends and then for every rank
+  /// to close, so that rank 0 keeps serving the store until nobody needs it.
+  ~C10dTransport() override;
+
+  C10dTransport(const C10dTransport&) = delete;
+  C10dTransport& operator=(const C10dTransport&) = delete;
+
+  /// REQUIRES: this rank runs from_stage; to_stage is a neighbour. Throws c10::ValueError on a
+  /// metadata mismatch, c10::Error after any rank failed.
+  void send(Batch batch, int64_t from_stage, int64_t to_stage, int64_t tag) override;
+
+  /// REQUIRES: this rank runs to_stage. Throws c10::ValueError on a metadata mismatch or an
+  /// unexpected message, c10::Error if the peer fails, dies or times out, or any rank failed.
+  Batch recv(int64_t from_stage, int64_t to_stage, int64_t tag) override;
+
+  /// Aborts the waits of this rank (they throw); does not tell other ranks (report_failure does).
+  void abort() override;
+
+  /// Waits until every send so far has been received.
+  void flush();
+
+  /// Starts a step: forgets the metadata agreed in the last one, so shapes may change from step
+  /// to step (e.g. sequence lengths), not within one. Both ends of an edge call it between the
+  /// same messages.
+  void begin_step();
+
+  /// Sends `value` from this rank to `to_rank` outside the stages' edges (e.g. the loss), and
+  /// receives one. Same failure behaviour as send() and recv().
+  void send_to_rank(at::Tensor value, int64_t to_rank);
+  at::Tensor recv_from_rank(int64_t from_rank, at::Tensor buffer);
+
+  /// Waits until every rank has called barrier(name) (through the store), at most `timeout`.
+  /// Throws c10::Error naming rank 0 if the store is lost, or saying how many ranks came.
+  void barrier(const std::string& name, std::chrono::milliseconds timeout);
+
+  /// Records in the store that this rank failed with `message`, unless another rank's failure
+  /// was recorded first (then this failure is its consequence), and waits a little for the other
+  /// ranks to see it.
+  void report_failure(const std::string& message);
+
+  /// The first failure recorded in the store, if any rank failed.
+  std::optional<std::string> failure() const;
+
+  /// Seconds spent waiting in send, recv and flush since the last reset.
+  double communication_seconds() const { return communication_seconds_; }
+  /// Of those, the seconds spent receiving tensors whose header had arrived, and in flush(): the
+  /// data's own movement, without the waits for the peer to compute it.
+  double transfer_seconds() const { return transfer_seconds_; }
+  void reset_communication_seconds() { communication_seconds_ = transfer_seconds_ = 0; }
+
+  int64_t rank() const { return group_.rank(); }
+  int64_t world_size() const { return group_.world_size(); }
+  int64_t pipeline_size() const { return pipeline_size_; }
+  /// The rank that runs `stage` in this rank's pipeline.
+  int64_t rank_of(int64_t stage) const {
+    return rank() / pipeline_size_ * pipeline_size_ + stage % pipeline_size_;
+  }
+
+ private:
+  struct Edge {
+    std::optional<MessageMetadata> agreed;  // fixed by the edge's first message
+  };
+
+  Edge& edge(int64_t from_stage, int64_t to_stage);
+  int edge_tag(int64_t from_stage, int64_t to_stage) const;
+  // Waits for `work`, abortable by the watcher. On failure records and throws; `what` and
+  // `peer` describe what was awaited.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what, int64_t peer);
+  // Posts a send or receive; if Gloo refuses (a closed connection), the peer failed.
+  c10::intrusive_ptr<c10d::Work> post(const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+                                      const std::string& what, int64_t peer);
+  // Records that `peer` failed (unless another failure explains it) and throws.
+  [[noreturn]] void peer_failed(const std::string& what, int64_t peer, const std::string& error,
+                                bool timed_out);
+  [[noreturn]] void throw_failure(const std::string& what);
+  void check_not_failed(const std::string& what);
+  void watch();
+  // The first failure in the store, if any. Throws if the store is unreachable.
+  std::optional<std::string> lookup_failure();
+  // Takes another rank's failure as this rank's: aborts the waits, tells the store it was seen.
+  void adopt_failure(const std::string& line);
+  // Writes `line` as a failure; `for_peer` when it is that of the (dead) peer, not this rank.
+  void record_failure(const std::string& line, bool for_peer);
+
+  ProcessGroup group_;
+  int64_t num_stages_;
+  C10dTransportOptions options_;
+  int64_t pipeline_size_;
+  std::string keys_;  // the prefix of this transport's keys in the store
+  std::map<std::pair<int64_t, int64_t>, Edge> edges_;
+  // Activations sent per (to_stage, micro-batch): what their gradients must look like.
+  std::map<std::pair<int64_t, int64_t>, MessageMetadata> sent_;
+  struct Send {
+    c10::intrusive_ptr<c10d::Work> work;
+    int64_t peer;
+    std::string what;
+  };
+  std::vector<Send> sends_;  // outstanding sends
+  double communication_seconds_ = 0;
+  double transfer_seconds_ = 0;
+  bool reported_ = false;  // this rank recorded a failure
+
+  mutable std::mutex mutex_;
+  std::condition_variable stop_changed_;
+  bool stop_ = false;                                    // guarded by mutex_
+  bool aborted_ = false;                                 // guarded by mutex_
+  std::optional<std::string> failure_;                   // guarded by mutex_
+  std::vector<c10::intrusive_ptr<c10d::Work>> waiting_;  // guarded by mutex_
+  std::thread watcher_;
+};
+
+}  // namespace distributed
+}  // namespace gpipe

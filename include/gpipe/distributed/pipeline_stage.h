@@ -1,0 +1,158 @@
+// PipelineStage: this process's part of a pipeline trained with an explicit schedule across
+// processes (one worker per rank), the multi-process counterpart of schedule::PipelineSchedule.
+//
+// Every rank builds the same model (e.g. from the same seed or checkpoint) and keeps its own
+// stages: with W ranks and v stages per rank (v > 1 only for interleaved 1F1B), rank r runs
+// stages r, r + W, ..., r + (v - 1) W. step(input, target) runs this rank's actions of the
+// schedule; a C10dTransport carries activations and gradients between ranks. Each rank's
+// parameters then hold the same gradients as after one backward of the full batch through the
+// plain model (see runtime.h for the loss scaling), and step() returns the loss on every rank:
+// the last stage's rank sends it to the others.
+//
+// Every rank of a pipeline passes the same batch to step() (at least tensors of the right batch
+// size): the first stage's rank reads the input, the last stage's rank the target, and every rank
+// derives the number of micro-batches from the batch size.
+//
+// Failures: an exception on any rank makes step() throw c10::Error on every rank, naming the rank
+// that failed first and its message, within the timeout; a rank killed or hung is named by the
+// rank that waited for it. Catch it and exit the process: a failed PipelineStage cannot step
+// again. Destroy the PipelineStage (do not let the exception escape main) so that rank 0, which
+// serves the store, waits until the others have seen the failure.
+//
+// Several PipelineStages in one process (one after another, or stepping in turns):
+// rendezvous once and build them all over that ProcessGroup, in the same order on every rank.
+// Each one that reads the environment itself starts its own store on MASTER_PORT, which only
+// works after the previous one is gone on every rank.
+//
+// Thread safety: one step() at a time; the modules must not be used elsewhere during step().
+#pragma once
+
+#include "gpipe/checkpoint.h"
+#include "gpipe/distributed/c10d_transport.h"
+#include "gpipe/distributed/data_parallel.h"
+#include "gpipe/distributed/environment.h"
+#include "gpipe/distributed/rendezvous.h"
+#include "gpipe/microbatch.h"
+#include "gpipe/schedule/generators.h"
+#include "gpipe/schedule/runtime.h"
+#include "gpipe/schedule/stage.h"
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+namespace gpipe {
+namespace distributed {
+
+/// Options for PipelineStage.
+///
+/// Example:
+///   gpipe::distributed::PipelineStage stage(
+///       model, {4, 4}, loss,
+///       gpipe::distributed::PipelineStageOptions(8).schedule(
+///           gpipe::schedule::ScheduleKind::kOneFOneB));
+struct PipelineStageOptions {
+  /* implicit */ PipelineStageOptions(int64_t chunks);
+
+  /// How many micro-batches to split each batch into. Required; positive.
+  TORCH_ARG(int64_t, chunks);
+
+  /// The schedule. Default: ScheduleKind::kOneFOneB.
+  TORCH_ARG(schedule::ScheduleKind, schedule) = schedule::ScheduleKind::kOneFOneB;
+
+  /// Stages per rank; more than 1 only for kInterleavedOneFOneB. Default: 1.
+  TORCH_ARG(int64_t, stages_per_rank) = 1;
+
+  /// Activation checkpointing in every stage, as in schedule::PipelineScheduleOptions (not with
+  /// kZeroBubble). Default: CheckpointMode::kNever.
+  TORCH_ARG(CheckpointMode, checkpoint) = CheckpointMode::kNever;
+
+  /// How the loss function reduces a micro-batch. Default: LossReduction::kMean.
+  TORCH_ARG(schedule::LossReduction, loss_reduction) = schedule::LossReduction::kMean;
+
+  /// The longest any send or receive waits for its peer before the peer counts as failed.
+  /// Default: 300 s.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(300);
+
+  /// The longest the ranks wait for each other to start and connect (rendezvous.h), and the
+  /// limit of the replicas' all-reduce. Default: 300 s.
+  TORCH_ARG(std::chrono::milliseconds, rendezvous_timeout) = std::chrono::seconds(300);
+
+  /// How often each rank looks for failures of the others. Default: 50 ms.
+  TORCH_ARG(std::chrono::milliseconds, poll_interval) = std::chrono::milliseconds(50);
+
+  /// Replicas of the pipeline (pipeline x data parallelism): WORLD_SIZE = ranks per pipeline x
+  /// data_parallel; replica d runs on a block of consecutive ranks, each replica trains on its
+  /// own batch, and after each step every stage's gradients and the loss are averaged (summed
+  /// for LossReduction::kSum) over its replicas (data_parallel.h). Default: 1.
+  TORCH_ARG(int64_t, data_parallel) = 1;
+};
+
+/// This rank's stages of a pipeline across processes.
+class PipelineStage {
+ public:
+  /// `module` split into stages of `balance` consecutive layers; this rank keeps its own (the
+  /// layers are shared, not copied). Reads the environment (environment.h) and joins the other
+  /// ranks (rendezvous.h). Throws c10::ValueError for a bad environment, a balance that does not
+  /// add up to the module's layers, or a number of stages other than
+  /// WORLD_SIZE x stages_per_rank.
+  PipelineStage(const torch::nn::Sequential& module, const std::vector<int64_t>& balance,
+                schedule::LossFunction loss, PipelineStageOptions options);
+
+  /// The same over an already connected `group`.
+  PipelineStage(ProcessGroup group, const torch::nn::Sequential& module,
+                const std::vector<int64_t>& balance, schedule::LossFunction loss,
+                PipelineStageOptions options);
+
+  /// Stops the transport; see the top of this file.
+  ~PipelineStage();
+
+  /// One training step; see the top of this file. Returns the loss of the whole batch on every
+  /// rank, detached. Throws c10::ValueError for a bad batch, c10::Error naming the failed rank.
+  at::Tensor step(const Batch& input, const Batch& target);
+
+  int64_t rank() const { return transport_->rank(); }
+  int64_t world_size() const { return transport_->world_size(); }
+  int64_t num_stages() const { return num_stages_; }
+  /// Ranks per pipeline: WORLD_SIZE / data_parallel.
+  int64_t pipeline_size() const { return transport_->pipeline_size(); }
+  /// Which replica of the pipeline this rank belongs to, in [0, data_parallel).
+  int64_t replica() const { return rank() / pipeline_size(); }
+
+  /// The stages this rank runs, in increasing order.
+  std::vector<int64_t> stage_indices() const;
+
+  /// The module of stage `index`. Throws c10::IndexError unless this rank runs it.
+  torch::nn::Sequential& stage_module(int64_t index);
+
+  /// Seconds this rank spent waiting in sends, receives and the replicas' all-reduce during the
+  /// last step().
+  double last_communication_seconds() const { return last_communication_seconds_; }
+  /// Of those, the seconds spent moving data: receiving tensors whose header had arrived,
+  /// waiting for sends to be received at the end, and the all-reduce.
+  double last_transfer_seconds() const { return last_transfer_seconds_; }
+
+  /// The schedule for `num_microbatches` micro-batches (every rank's actions).
+  const schedule::Schedule& schedule(int64_t num_microbatches);
+
+ private:
+  PipelineStageOptions options_;
+  schedule::LossFunction loss_;
+  int64_t num_stages_ = 0;
+  std::vector<std::unique_ptr<schedule::Stage>> stages_;  // this rank's, in order
+  std::vector<schedule::Stage*> by_index_;                // by stage index; null elsewhere
+  std::unique_ptr<ReplicaGroup> replicas_;                // with data_parallel > 1
+  std::unique_ptr<C10dTransport> transport_;
+  std::map<int64_t, schedule::Schedule> schedules_;  // by number of micro-batches
+  double last_communication_seconds_ = 0;
+  double last_transfer_seconds_ = 0;
+};
+
+}  // namespace distributed
+}  // namespace gpipe

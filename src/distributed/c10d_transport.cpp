@@ -1,0 +1,537 @@
+#include "gpipe/distributed/c10d_transport.h"
+
+#include <ATen/Functions.h>
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <exception>
+#include <functional>
+#include <sstream>
+
+namespace gpipe {
+namespace distributed {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kHeaderSize = 256;
+constexpr int64_t kMagic = 0x67706970;  // "gpip"
+constexpr int64_t kUndefined = -1;      // the dtype of an undefined tensor
+
+enum MessageKind : int64_t { kActivation = 0, kGradient = 1, kValue = 2 };
+
+const char* kind_name(int64_t kind) {
+  switch (kind) {
+    case kActivation:
+      return "activation";
+    case kGradient:
+      return "gradient";
+    case kValue:
+      return "value";
+  }
+  return "unknown message";
+}
+
+// Store keys, under the transport's prefix: the failure count, the failures in order, how many
+// ranks saw one, how many closed.
+const std::string kFailures = "failures";
+const std::string kFailurePrefix = "failure/";
+const std::string kSeen = "failure_seen";
+const std::string kClosed = "closed";
+
+std::vector<uint8_t> bytes(const std::string& text) {
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
+MessageMetadata metadata_of(const Batch& batch) {
+  MessageMetadata meta;
+  meta.atomic = batch.atomic();
+  for (const auto& t : batch) {
+    meta.dtypes.push_back(t.defined() ? static_cast<int64_t>(t.scalar_type()) : kUndefined);
+    meta.shapes.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
+  }
+  return meta;
+}
+
+// E.g. "(Float[2, 8], Long[2])"; with `any_batch`, the first dimension prints as *.
+std::string describe(const MessageMetadata& meta, bool any_batch = false) {
+  std::ostringstream out;
+  out << "(";
+  for (const auto k : c10::irange(meta.dtypes.size())) {
+    if (k > 0) out << ", ";
+    if (meta.dtypes[k] == kUndefined) {
+      out << "undefined";
+      continue;
+    }
+    out << c10::toString(static_cast<c10::ScalarType>(meta.dtypes[k])) << "[";
+    for (const auto d : c10::irange(meta.shapes[k].size())) {
+      if (d > 0) out << ", ";
+      if (d == 0 && any_batch) {
+        out << "*";
+      } else {
+        out << meta.shapes[k][d];
+      }
+    }
+    out << "]";
+  }
+  out << ")";
+  return out.str();
+}
+
+// Same tensors, dtypes and shapes but (with any_batch) the first dimension.
+bool agrees(const MessageMetadata& a, const MessageMetadata& b, bool any_batch) {
+  if (a.atomic != b.atomic || a.dtypes != b.dtypes) return false;
+  for (const auto k : c10::irange(a.shapes.size())) {
+    const auto& x = a.shapes[k];
+    const auto& y = b.shapes[k];
+    if (x.size() != y.size()) return false;
+    for (const auto d : c10::irange(x.size())) {
+      if ((d > 0 || !any_batch) && x[d] != y[d]) return false;
+    }
+  }
+  return true;
+}
+
+// A gradient matches its activation: each tensor undefined or of the activation's dtype and shape.
+bool fits(const MessageMetadata& grad, const MessageMetadata& activation) {
+  if (grad.dtypes.size() != activation.dtypes.size()) return false;
+  for (const auto k : c10::irange(grad.dtypes.size())) {
+    if (grad.dtypes[k] == kUndefined) continue;
+    if (grad.dtypes[k] != activation.dtypes[k] || grad.shapes[k] != activation.shapes[k]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+at::Tensor encode(int64_t kind, int64_t tag, int64_t from, int64_t to,
+                  const MessageMetadata& meta) {
+  std::vector<int64_t> h{
+      kMagic, kind, tag, from, to, meta.atomic ? 1 : 0, static_cast<int64_t>(meta.dtypes.size())};
+  for (const auto k : c10::irange(meta.dtypes.size())) {
+    h.push_back(meta.dtypes[k]);
+    h.push_back(static_cast<int64_t>(meta.shapes[k].size()));
+    h.insert(h.end(), meta.shapes[k].begin(), meta.shapes[k].end());
+  }
+  TORCH_CHECK_VALUE(static_cast<int64_t>(h.size()) <= kHeaderSize, "stage ", from,
+                    " cannot send the metadata of ", meta.dtypes.size(), " tensors ",
+                    describe(meta), " to stage ", to, ": it needs ", h.size(),
+                    " header entries, but a header holds ", kHeaderSize);
+  h.resize(kHeaderSize, 0);
+  return at::tensor(h, at::kLong);
+}
+
+struct Header {
+  int64_t kind, tag, from, to;
+  MessageMetadata meta;
+};
+
+Header decode(const at::Tensor& tensor, int64_t rank, int64_t peer) {
+  const int64_t* h = tensor.data_ptr<int64_t>();
+  TORCH_CHECK_VALUE(h[0] == kMagic, "rank ", rank, " received a message from rank ", peer,
+                    " that is not a gpipe header: is rank ", peer, " running the same program?");
+  Header header{h[1], h[2], h[3], h[4], {}};
+  header.meta.atomic = h[5] != 0;
+  int64_t at = 7;
+  for (int64_t k = 0; k < h[6] && at + 1 < kHeaderSize; ++k) {
+    header.meta.dtypes.push_back(h[at]);
+    const int64_t ndim = h[at + 1];
+    at += 2;
+    TORCH_CHECK_VALUE(ndim >= 0 && at + ndim <= kHeaderSize, "corrupt header from rank ", peer);
+    header.meta.shapes.emplace_back(h + at, h + at + ndim);
+    at += ndim;
+  }
+  return header;
+}
+
+}  // namespace
+
+C10dTransport::C10dTransport(ProcessGroup group, int64_t num_stages, C10dTransportOptions options)
+    : group_(std::move(group)),
+      num_stages_(num_stages),
+      options_(options),
+      pipeline_size_(options.pipeline_size() > 0 ? options.pipeline_size() : group_.world_size()),
+      // Every rank makes its transports over a group in the same order, so the count names the
+      // same transport on every rank and keeps its keys apart from earlier ones.
+      keys_("gpipe/transport" + std::to_string(group_.transports ? (*group_.transports)++ : 0) +
+            "/") {
+  TORCH_CHECK_VALUE(num_stages > 0, "num_stages must be positive, but got ", num_stages);
+  TORCH_CHECK_VALUE(group_.world_size() % pipeline_size_ == 0, "pipelines of ", pipeline_size_,
+                    " ranks do not divide WORLD_SIZE = ", group_.world_size());
+  TORCH_CHECK_VALUE(options_.timeout().count() > 0, "timeout must be positive, but got ",
+                    options_.timeout().count(), " ms");
+  TORCH_CHECK_VALUE(options_.poll_interval().count() > 0,
+                    "poll_interval must be positive, but got ", options_.poll_interval().count(),
+                    " ms");
+  watcher_ = std::thread([this] { watch(); });
+}
+
+C10dTransport::~C10dTransport() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  stop_changed_.notify_all();
+  watcher_.join();
+  const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(
+                                           options_.timeout(), std::chrono::seconds(10));
+  try {
+    if (!failure_ && !aborted_) {
+      flush();
+      // Rank 0 serves the store: it stays until every rank has closed.
+      group_.store->add(keys_ + kClosed, 1);
+      if (rank() == 0) {
+        const auto closing = Clock::now() + options_.timeout();
+        while (group_.store->add(keys_ + kClosed, 0) < world_size() && Clock::now() < closing) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      }
+    } else if (rank() == 0) {
+      // Keep the store until the others have seen the failure, or they would blame rank 0.
+      while (group_.store->add(keys_ + kSeen, 0) < world_size() && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  } catch (const std::exception&) {
+    // Closing after a failure: nothing left to tell anyone.
+  }
+}
+
+C10dTransport::Edge& C10dTransport::edge(int64_t from_stage, int64_t to_stage) {
+  TORCH_CHECK_INDEX(
+      from_stage >= 0 && from_stage < num_stages_ && to_stage >= 0 && to_stage < num_stages_ &&
+          (to_stage == from_stage + 1 || to_stage + 1 == from_stage),
+      "no edge from stage ", from_stage, " to stage ", to_stage, " among ", num_stages_, " stages");
+  return edges_[{from_stage, to_stage}];
+}
+
+int C10dTransport::edge_tag(int64_t from_stage, int64_t to_stage) const {
+  // s -> s + 1 is 2s, s + 1 -> s is 2s + 1; 2 * num_stages carries values between ranks.
+  return static_cast<int>(to_stage > from_stage ? 2 * from_stage : 2 * to_stage + 1);
+}
+
+void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int64_t tag) {
+  Edge& e = edge(from_stage, to_stage);
+  TORCH_CHECK_VALUE(rank_of(from_stage) == rank(), "rank ", rank(), " cannot send for stage ",
+                    from_stage, ", which rank ", rank_of(from_stage), " runs");
+  const int64_t kind = to_stage > from_stage ? kActivation : kGradient;
+  std::ostringstream what;
+  what << "the " << kind_name(kind) << " of micro-batch " << tag << " from stage " << from_stage
+       << " to stage " << to_stage << " (rank " << rank_of(to_stage) << ")";
+  check_not_failed("sending " + what.str());
+  const MessageMetadata meta = metadata_of(batch);
+  if (kind == kActivation) {
+    if (!e.agreed) e.agreed = meta;
+    TORCH_CHECK_VALUE(agrees(meta, *e.agreed, /*any_batch=*/true), "stage ", from_stage,
+                      " sends to stage ", to_stage, " for micro-batch ", tag, " an activation ",
+                      describe(meta), ", but the edge agreed on ", describe(*e.agreed, true),
+                      " with its first message");
+    sent_[{to_stage, tag}] = meta;
+  } else {
+    auto it = sent_.find({from_stage, tag});
+    TORCH_INTERNAL_ASSERT(it != sent_.end(), "no activation of micro-batch ", tag,
+                          " came to stage ", from_stage);
+    TORCH_CHECK_VALUE(fits(meta, it->second), "stage ", from_stage, " sends to stage ", to_stage,
+                      " for micro-batch ", tag, " a gradient ", describe(meta),
+                      ", but the activation was ", describe(it->second));
+    sent_.erase(it);
+  }
+  const int peer = static_cast<int>(rank_of(to_stage));
+  const int t = edge_tag(from_stage, to_stage);
+  const auto start = Clock::now();
+  std::vector<at::Tensor> header{encode(kind, tag, from_stage, to_stage, meta)};
+  sends_.push_back({post([&] { return group_.group->send(header, peer, t); }, what.str(), peer),
+                    peer, what.str()});
+  for (const auto& x : batch) {
+    if (!x.defined() || x.numel() == 0) continue;
+    TORCH_CHECK_VALUE(x.device().is_cpu(), "the Gloo transport sends CPU tensors, but stage ",
+                      from_stage, " sends one on ", x.device());
+    std::vector<at::Tensor> payload{x.contiguous()};
+    sends_.push_back({post([&] { return group_.group->send(payload, peer, t); }, what.str(), peer),
+                      peer, what.str()});
+  }
+  communication_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
+  Edge& e = edge(from_stage, to_stage);
+  TORCH_CHECK_VALUE(rank_of(to_stage) == rank(), "rank ", rank(), " cannot receive for stage ",
+                    to_stage, ", which rank ", rank_of(to_stage), " runs");
+  const int64_t kind = to_stage > from_stage ? kActivation : kGradient;
+  const int64_t peer = rank_of(from_stage);
+  std::ostringstream what;
+  what << "the " << kind_name(kind) << " of micro-batch " << tag << " from stage " << from_stage
+       << " (rank " << peer << ") to stage " << to_stage;
+  check_not_failed("waiting for " + what.str());
+  const int t = edge_tag(from_stage, to_stage);
+  std::vector<at::Tensor> header{at::empty({kHeaderSize}, at::kLong)};
+  wait(
+      post([&] { return group_.group->recv(header, static_cast<int>(peer), t); }, what.str(), peer),
+      what.str(), peer);
+  const Header h = decode(header[0], rank(), peer);
+  TORCH_CHECK_VALUE(h.kind == kind && h.tag == tag && h.from == from_stage && h.to == to_stage,
+                    "stage ", to_stage, " expected ", what.str(), ", but got the ",
+                    kind_name(h.kind), " of micro-batch ", h.tag, " from stage ", h.from,
+                    " to stage ", h.to);
+  if (kind == kActivation) {
+    if (!e.agreed) e.agreed = h.meta;
+    TORCH_CHECK_VALUE(agrees(h.meta, *e.agreed, /*any_batch=*/true), "stage ", to_stage,
+                      " received from stage ", from_stage, " for micro-batch ", tag,
+                      " an activation ", describe(h.meta), ", but the edge agreed on ",
+                      describe(*e.agreed, true), " with its first message");
+    sent_[{to_stage, tag}] = h.meta;
+  } else {
+    auto it = sent_.find({from_stage, tag});
+    TORCH_INTERNAL_ASSERT(it != sent_.end(), "stage ", to_stage, " sent no activation of ",
+                          "micro-batch ", tag);
+    TORCH_CHECK_VALUE(fits(h.meta, it->second), "stage ", to_stage, " received from stage ",
+                      from_stage, " for micro-batch ", tag, " a gradient ", describe(h.meta),
+                      ", but the activation was ", describe(it->second));
+    sent_.erase(it);
+  }
+  std::vector<at::Tensor> tensors;
+  for (const auto k : c10::irange(h.meta.dtypes.size())) {
+    if (h.meta.dtypes[k] == kUndefined) {
+      tensors.emplace_back();
+      continue;
+    }
+    at::Tensor x =
+        at::empty(h.meta.shapes[k],
+                  at::TensorOptions().dtype(static_cast<c10::ScalarType>(h.meta.dtypes[k])));
+    if (x.numel() > 0) {
+      std::vector<at::Tensor> payload{x};
+      const double before = communication_seconds_;
+      wait(post([&] { return group_.group->recv(payload, static_cast<int>(peer), t); }, what.str(),
+                peer),
+           what.str(), peer);
+      transfer_seconds_ += communication_seconds_ - before;
+    }
+    tensors.push_back(std::move(x));
+  }
+  if (h.meta.atomic && tensors.size() == 1) return Batch(std::move(tensors[0]));
+  return Batch(std::move(tensors));
+}
+
+void C10dTransport::flush() {
+  std::vector<Send> sends;
+  sends.swap(sends_);
+  const double before = communication_seconds_;
+  for (const auto& send : sends) wait(send.work, "the receipt of " + send.what, send.peer);
+  transfer_seconds_ += communication_seconds_ - before;
+}
+
+void C10dTransport::begin_step() {
+  for (auto& [key, e] : edges_) e.agreed.reset();
+}
+
+void C10dTransport::send_to_rank(at::Tensor value, int64_t to_rank) {
+  const std::string what = "a value to rank " + std::to_string(to_rank);
+  check_not_failed("sending " + what);
+  const auto start = Clock::now();
+  std::vector<at::Tensor> tensors{value.contiguous()};
+  sends_.push_back(
+      {post([&] { return group_.group->send(tensors, static_cast<int>(to_rank), 2 * num_stages_); },
+            what, to_rank),
+       to_rank, what});
+  communication_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+at::Tensor C10dTransport::recv_from_rank(int64_t from_rank, at::Tensor buffer) {
+  const std::string what = "a value from rank " + std::to_string(from_rank);
+  check_not_failed("waiting for " + what);
+  std::vector<at::Tensor> tensors{buffer};
+  wait(
+      post(
+          [&] { return group_.group->recv(tensors, static_cast<int>(from_rank), 2 * num_stages_); },
+          what, from_rank),
+      what, from_rank);
+  return buffer;
+}
+
+void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what,
+                         int64_t peer) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_ && !aborted_) waiting_.push_back(work);
+  }
+  check_not_failed("waiting for " + what);
+  const auto start = Clock::now();
+  bool done = false;
+  std::string error;
+  try {
+    done = work->wait(options_.timeout());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  communication_seconds_ += seconds;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), work), waiting_.end());
+  }
+  if (done && error.empty()) return;
+  if (!done && error.empty()) throw_failure("waiting for " + what);  // aborted
+  peer_failed(what, peer, error,
+              seconds * 1000 >= 0.9 * static_cast<double>(options_.timeout().count()));
+}
+
+c10::intrusive_ptr<c10d::Work> C10dTransport::post(
+    const std::function<c10::intrusive_ptr<c10d::Work>()>& start, const std::string& what,
+    int64_t peer) {
+  try {
+    return start();
+  } catch (const std::exception& e) {
+    // Gloo refuses to post on a connection that is already closed.
+    peer_failed(what, peer, e.what(), /*timed_out=*/false);
+  }
+}
+
+void C10dTransport::peer_failed(const std::string& what, int64_t peer, const std::string& error,
+                                bool timed_out) {
+  // Gloo failed: the peer closed its connections or stayed silent. Another rank's failure may
+  // explain it (a failing rank records it before it exits): give the watcher a moment.
+  const auto patience =
+      Clock::now() + 4 * options_.poll_interval() + std::chrono::milliseconds(200);
+  while (!failure() && Clock::now() < patience) {
+    std::this_thread::sleep_for(options_.poll_interval() / 2);
+  }
+  if (!failure()) {
+    std::ostringstream line;
+    line << "rank " << peer << " failed: "
+         << (timed_out ? "no answer within " + std::to_string(options_.timeout().count()) + " ms"
+                       : std::string("connection lost (did the process die?)"))
+         << " while rank " << rank() << " waited for " << what << " [" << error << "]";
+    record_failure(line.str(), /*for_peer=*/true);
+  }
+  throw_failure("waiting for " + what);
+}
+
+void C10dTransport::barrier(const std::string& name, std::chrono::milliseconds timeout) {
+  const std::string key = keys_ + "barrier/" + name;
+  const auto deadline = Clock::now() + timeout;
+  try {
+    group_.store->add(key, 1);
+    while (group_.store->add(key, 0) < world_size()) {
+      TORCH_CHECK(Clock::now() < deadline, "rank ", rank(), ": not every rank reached '", name,
+                  "' within ", timeout.count(), " ms (", group_.store->add(key, 0), " of ",
+                  world_size(), " did)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "rank 0 failed: lost the store it serves at ",
+                group_.environment.master_addr, ":", group_.environment.master_port, " while rank ",
+                rank(), " waited for every rank to reach '", name, "' [", e.what(), "]");
+  }
+}
+
+void C10dTransport::abort() {
+  std::vector<c10::intrusive_ptr<c10d::Work>> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aborted_ = true;
+    waiting = waiting_;
+  }
+  for (const auto& work : waiting) {
+    try {
+      work->abort();
+    } catch (const std::exception&) {
+      // Only sends and receives can be aborted; others end with the timeout.
+    }
+  }
+}
+
+void C10dTransport::throw_failure(const std::string& what) {
+  std::optional<std::string> first = failure();
+  TORCH_CHECK(false, first ? *first : std::string("the transport was aborted"), " (rank ", rank(),
+              " stopped ", what, ")");
+}
+
+void C10dTransport::check_not_failed(const std::string& what) {
+  bool failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failed = failure_.has_value() || aborted_;
+  }
+  if (failed) throw_failure(what);
+}
+
+std::optional<std::string> C10dTransport::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
+void C10dTransport::record_failure(const std::string& line, bool for_peer) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failure_) return;
+    failure_ = line;
+  }
+  reported_ = true;
+  try {
+    const int64_t n = group_.store->add(keys_ + kFailures, 1);
+    group_.store->set(keys_ + kFailurePrefix + std::to_string(n), bytes(line));
+    // A failed peer will not say it saw the failure: this rank says so for it.
+    group_.store->add(keys_ + kSeen, for_peer ? 2 : 1);
+  } catch (const std::exception&) {
+    // The store is gone with rank 0; the others find that out themselves.
+  }
+  abort();
+}
+
+void C10dTransport::report_failure(const std::string& message) {
+  if (reported_) return;
+  std::optional<std::string> first;
+  try {
+    // Another rank's failure first? Then this one is its consequence.
+    first = lookup_failure();
+  } catch (const std::exception&) {
+    return;  // the store is gone: rank 0 failed, as every rank finds out
+  }
+  if (first) {
+    adopt_failure(*first);
+    return;
+  }
+  record_failure("rank " + std::to_string(rank()) + " failed: " + message, /*for_peer=*/false);
+}
+
+std::optional<std::string> C10dTransport::lookup_failure() {
+  if (group_.store->add(keys_ + kFailures, 0) == 0) return std::nullopt;
+  const auto value = group_.store->get(keys_ + kFailurePrefix + "1");
+  return std::string(value.begin(), value.end());
+}
+
+void C10dTransport::adopt_failure(const std::string& line) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failure_) return;
+    failure_ = line;
+  }
+  try {
+    group_.store->add(keys_ + kSeen, 1);
+  } catch (const std::exception&) {
+  }
+  abort();
+}
+
+void C10dTransport::watch() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    stop_changed_.wait_for(lock, options_.poll_interval(), [this] { return stop_; });
+    if (stop_ || failure_) continue;
+    lock.unlock();
+    try {
+      if (auto found = lookup_failure()) adopt_failure(*found);
+    } catch (const std::exception& e) {
+      adopt_failure("rank 0 failed: lost the store it serves at " + group_.environment.master_addr +
+                    ":" + std::to_string(group_.environment.master_port) +
+                    " (did the process die?) [" + e.what() + "]");
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace distributed
+}  // namespace gpipe

@@ -1,0 +1,216 @@
+#include "gpipe/distributed/pipeline_stage.h"
+
+#include "gpipe/schedule/run_actions.h"
+#include "gpipe/schedule/validate.h"
+
+#include <ATen/Functions.h>
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <chrono>
+#include <exception>
+#include <utility>
+
+namespace gpipe {
+namespace distributed {
+
+PipelineStageOptions::PipelineStageOptions(int64_t chunks) : chunks_(chunks) {}
+
+namespace {
+
+// Fails at the start, before any rank waits for another, for a layout the job cannot run.
+void check_layout(int64_t world_size, const torch::nn::Sequential& module,
+                  const std::vector<int64_t>& balance, const PipelineStageOptions& options) {
+  TORCH_CHECK_VALUE(options.chunks() > 0, "chunks must be positive, but got ", options.chunks());
+  TORCH_CHECK_VALUE(options.stages_per_rank() > 0, "stages_per_rank must be positive, but got ",
+                    options.stages_per_rank());
+  TORCH_CHECK_VALUE(options.stages_per_rank() == 1 ||
+                        options.schedule() == schedule::ScheduleKind::kInterleavedOneFOneB,
+                    "schedule ", options.schedule(), " runs one stage per rank, but ",
+                    "stages_per_rank is ", options.stages_per_rank());
+  TORCH_CHECK_VALUE(options.checkpoint() == CheckpointMode::kNever ||
+                        options.schedule() != schedule::ScheduleKind::kZeroBubble,
+                    "schedule ", options.schedule(),
+                    " splits each backward into input and weight gradients, which checkpoint "
+                    "cannot: use checkpoint with gpipe, 1f1b or interleaved_1f1b");
+  const int64_t D = options.data_parallel();
+  TORCH_CHECK_VALUE(D > 0 && world_size % D == 0, "data_parallel (", D,
+                    ") must be positive and divide WORLD_SIZE = ", world_size);
+  const int64_t P = world_size / D;
+  TORCH_CHECK_VALUE(static_cast<int64_t>(balance.size()) == P * options.stages_per_rank(),
+                    "balance names ", balance.size(), " stages, but WORLD_SIZE = ", world_size,
+                    " ranks", (D > 1 ? " in " + std::to_string(D) + " replicas" : std::string()),
+                    " with ", options.stages_per_rank(), " stage(s) each run ",
+                    P * options.stages_per_rank());
+  int64_t total = 0;
+  for (const auto j : c10::irange(balance.size())) {
+    TORCH_CHECK_VALUE(balance[j] > 0, "balance[", j, "] must be positive, but is ", balance[j]);
+    total += balance[j];
+  }
+  TORCH_CHECK_VALUE(total == static_cast<int64_t>(module->size()), "balance adds up to ", total,
+                    " layers, but the module has ", module->size());
+}
+
+std::string message_of(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
+    return c10_error->what_without_backtrace();
+  }
+  return error.what();
+}
+
+}  // namespace
+
+PipelineStage::PipelineStage(const torch::nn::Sequential& module,
+                             const std::vector<int64_t>& balance, schedule::LossFunction loss,
+                             PipelineStageOptions options)
+    : PipelineStage(
+          [&] {
+            const Environment env = read_environment();
+            check_layout(env.world_size, module, balance, options);
+            return rendezvous(env, options.rendezvous_timeout());
+          }(),
+          module, balance, std::move(loss), options) {}
+
+PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& module,
+                             const std::vector<int64_t>& balance, schedule::LossFunction loss,
+                             PipelineStageOptions options)
+    : options_(std::move(options)), loss_(std::move(loss)) {
+  TORCH_CHECK_VALUE(static_cast<bool>(loss_), "the loss function is empty");
+  check_layout(group.world_size(), module, balance, options_);
+  const int64_t P = group.world_size() / options_.data_parallel();
+  const int64_t rank = group.rank();
+  num_stages_ = static_cast<int64_t>(balance.size());
+  by_index_.assign(num_stages_, nullptr);
+  const auto names = module->named_children().keys();
+  size_t layer = 0;
+  auto any_layer = module->begin();
+  for (const auto s : c10::irange(num_stages_)) {
+    torch::nn::Sequential part;
+    for (int64_t k = 0; k < balance[s]; ++k, ++layer, ++any_layer) {
+      part->push_back(names[layer], *any_layer);
+    }
+    if (s % P != rank % P) continue;
+    stages_.push_back(std::make_unique<schedule::Stage>(
+        s, num_stages_, std::move(part), c10::Device(c10::kCPU), options_.checkpoint()));
+    by_index_[s] = stages_.back().get();
+  }
+  if (options_.data_parallel() > 1) {
+    // Named after the transport that comes next, which is numbered alike on every rank.
+    replicas_ = std::make_unique<ReplicaGroup>(
+        group, P, "replicas_of_transport" + std::to_string(group.transports->load()),
+        options_.rendezvous_timeout());
+  }
+  transport_ = std::make_unique<C10dTransport>(std::move(group), num_stages_,
+                                               C10dTransportOptions()
+                                                   .timeout(options_.timeout())
+                                                   .poll_interval(options_.poll_interval())
+                                                   .pipeline_size(P));
+  // Fails early for a schedule that cannot run these stages.
+  schedule(1);
+  // No step starts before every rank has connected: a rank that dies later is seen through its
+  // closed connections, never waited for by a rank still connecting (which only the rendezvous
+  // timeout would end).
+  transport_->barrier("connected", options_.rendezvous_timeout());
+}
+
+PipelineStage::~PipelineStage() = default;
+
+std::vector<int64_t> PipelineStage::stage_indices() const {
+  std::vector<int64_t> indices;
+  for (const auto& stage : stages_) indices.push_back(stage->index());
+  return indices;
+}
+
+torch::nn::Sequential& PipelineStage::stage_module(int64_t index) {
+  TORCH_CHECK_INDEX(index >= 0 && index < num_stages_ && by_index_[index] != nullptr, "rank ",
+                    rank(), " does not run stage ", index, " (it runs every ", pipeline_size(),
+                    "th stage from ", rank() % pipeline_size(), ")");
+  return by_index_[index]->module();
+}
+
+const schedule::Schedule& PipelineStage::schedule(int64_t num_microbatches) {
+  auto it = schedules_.find(num_microbatches);
+  if (it != schedules_.end()) return it->second;
+  schedule::Schedule s =
+      schedule::make_schedule(options_.schedule(), pipeline_size(), num_stages_, num_microbatches);
+  schedule::validate(s, schedule::ValidateOptions().queue_capacity(num_microbatches));
+  return schedules_.emplace(num_microbatches, std::move(s)).first->second;
+}
+
+at::Tensor PipelineStage::step(const Batch& input, const Batch& target) {
+  const int64_t last_rank = transport_->rank_of(num_stages_ - 1);
+  const int64_t first_rank = transport_->rank_of(0);
+  at::Tensor total;
+  double communication_seconds = 0;  // in the replicas' all-reduce
+  transport_->reset_communication_seconds();
+  transport_->begin_step();
+  try {
+    check(input);
+    check(target);
+    const int64_t N = input[0].size(0);
+    TORCH_CHECK_VALUE(target[0].size(0) == N, "input and target must have the same batch size, ",
+                      "but the input has ", N, " and the target ", target[0].size(0));
+    const std::vector<Batch> inputs = scatter(input, options_.chunks());
+    const std::vector<Batch> targets = scatter(target, options_.chunks());
+    const int64_t M = static_cast<int64_t>(inputs.size());
+    std::vector<double> scales(M, 1.0);
+    if (options_.loss_reduction() == schedule::LossReduction::kMean) {
+      for (const auto i : c10::irange(M)) {
+        scales[i] = static_cast<double>(inputs[i][0].size(0)) / static_cast<double>(N);
+      }
+    }
+    const schedule::Schedule& plan = schedule(M);
+    for (auto& stage : stages_) {
+      stage->reset_live_peak();
+      stage->set_num_microbatches(M);
+    }
+    std::vector<at::Tensor> losses(M);
+    schedule::run_actions(plan.actions[rank() % pipeline_size()], by_index_, *transport_,
+                          schedule::StepInputs{inputs, targets, scales, loss_}, losses);
+    // The loss travels as (value, dtype) in double precision.
+    at::Tensor message = at::empty({2}, at::kDouble);
+    if (rank() == last_rank) {
+      total = losses[0];
+      for (const auto i : c10::irange(1, M)) total = total + losses[i];
+      message[0] = total.item<double>();
+      message[1] = static_cast<double>(total.scalar_type());
+      for (const auto r : c10::irange(first_rank, first_rank + pipeline_size())) {
+        if (r != rank()) transport_->send_to_rank(message, r);
+      }
+    } else {
+      transport_->recv_from_rank(last_rank, message);
+      total = at::scalar_tensor(message[0].item<double>(),
+                                static_cast<c10::ScalarType>(message[1].item<double>()));
+    }
+    transport_->flush();
+    if (replicas_) {
+      // Each replica's gradients and loss, averaged: those of the mean over all their batches.
+      const auto start = std::chrono::steady_clock::now();
+      at::Tensor replica_loss = total.detach().to(at::kDouble).reshape({1});
+      std::vector<at::Tensor*> tensors{&replica_loss};
+      for (auto& stage : stages_) {
+        for (auto& p : stage->module()->parameters()) {
+          if (!p.requires_grad()) continue;
+          if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+          tensors.push_back(&p.mutable_grad());
+        }
+      }
+      replicas_->all_reduce(tensors, options_.loss_reduction() == schedule::LossReduction::kMean);
+      total = replica_loss[0].to(total.scalar_type());
+      communication_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  } catch (const std::exception& error) {
+    last_communication_seconds_ = transport_->communication_seconds() + communication_seconds;
+    last_transfer_seconds_ = transport_->transfer_seconds() + communication_seconds;
+    transport_->report_failure(message_of(error));
+    for (auto& stage : stages_) stage->clear();
+    throw;
+  }
+  last_communication_seconds_ = transport_->communication_seconds() + communication_seconds;
+  last_transfer_seconds_ = transport_->transfer_seconds() + communication_seconds;
+  return total;
+}
+
+}  // namespace distributed
+}  // namespace gpipe

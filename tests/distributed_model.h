@@ -1,0 +1,86 @@
+// The model of the multi-process tests, shared by the worker (distributed_worker.cpp) and the
+// tests that check its results against the plain model.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <signal.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace gpipe {
+namespace testing {
+
+constexpr int64_t kDistributedLayers = 16;  // 8 Linear + Tanh pairs
+
+// Passes its input on, except that when armed, its second call (micro-batch 1) throws, kills its
+// own process, hangs for an hour, or widens its output by one column, as `mode` says.
+struct TrapImpl : torch::nn::Module {
+  TrapImpl(std::string mode, bool armed) : mode(std::move(mode)), armed(armed) {}
+
+  torch::Tensor forward(torch::Tensor x) {
+    if (!armed || ++calls != 2) return x;
+    if (mode == "throw") throw std::runtime_error("injected failure");
+    if (mode == "kill") raise(SIGKILL);
+    if (mode == "hang") std::this_thread::sleep_for(std::chrono::hours(1));
+    if (mode == "mismatch") return torch::cat({x, x.narrow(1, 0, 1)}, 1);
+    return x;
+  }
+
+  std::string mode;
+  bool armed;
+  int calls = 0;
+};
+TORCH_MODULE(Trap);
+
+// The layers of each of `stages` stages, as even as they go.
+inline std::vector<int64_t> distributed_balance(int64_t stages) {
+  std::vector<int64_t> balance(stages, kDistributedLayers / stages);
+  for (int64_t k = 0; k < kDistributedLayers % stages; ++k) ++balance[k];
+  return balance;
+}
+
+// 8 Linear+Tanh pairs of varying widths in double precision, the same on every rank. With
+// trap_stage >= 0, stage trap_stage ends in a Trap(mode, armed) and `balance` counts it.
+inline torch::nn::Sequential distributed_model(std::vector<int64_t>& balance,
+                                               int64_t trap_stage = -1,
+                                               const std::string& mode = "", bool armed = false) {
+  torch::manual_seed(0);
+  const std::vector<int64_t> widths{5, 7, 6, 8, 4, 6, 5, 7, 3};
+  torch::nn::Sequential model;
+  int64_t stage = 0, in_stage = 0;
+  for (int64_t k = 0; k < kDistributedLayers / 2; ++k) {
+    for (int64_t j = 0; j < 2; ++j) {
+      if (j == 0) {
+        model->push_back(torch::nn::Linear(widths[k], widths[k + 1]));
+      } else {
+        model->push_back(torch::nn::Tanh());
+      }
+      if (++in_stage < balance[stage]) continue;
+      if (stage == trap_stage) {
+        model->push_back("trap", Trap(mode, armed));
+        ++balance[stage];
+      }
+      ++stage;
+      in_stage = 0;
+    }
+  }
+  model->to(torch::kDouble);
+  return model;
+}
+
+// The batch of the tests: 10 samples, so 4 micro-batches are uneven (3, 3, 3, 1).
+inline std::pair<torch::Tensor, torch::Tensor> distributed_batch() {
+  torch::manual_seed(1234);
+  torch::Tensor input = torch::randn({10, 5}, torch::kDouble);
+  torch::Tensor target = torch::randn({10, 3}, torch::kDouble);
+  return {input, target};
+}
+
+}  // namespace testing
+}  // namespace gpipe

@@ -1,0 +1,125 @@
+// Tests of PipelineStage across processes: for 2 and 4 ranks and every schedule, and for 2
+// replicas of 2-rank pipelines, the loss and the gradients equal the plain model's on the full
+// batch (1e-6); bad layouts fail at the start.
+#include "test_util.h"
+
+#include "distributed_launch.h"
+#include "distributed_model.h"
+#include "gpipe/distributed/pipeline_stage.h"
+
+#include <string>
+#include <vector>
+
+namespace gpipe {
+namespace distributed {
+namespace {
+
+bool close(const at::Tensor& actual, const at::Tensor& expected) {
+  return actual.defined() && expected.defined() && actual.sizes() == expected.sizes() &&
+         torch::allclose(actual, expected, /*rtol=*/1e-6, /*atol=*/1e-12);
+}
+
+// Runs the worker on `ranks` ranks and compares every rank's loss and every stage's gradients
+// with the plain model's.
+void expect_equivalent(int ranks, const std::string& schedule, int64_t stages_per_rank,
+                       int64_t replicas = 1, const std::string& checkpoint = "never") {
+  SCOPED_TRACE(std::to_string(ranks) + " ranks, " + schedule + ", " +
+               std::to_string(stages_per_rank) + " stage(s) per rank, " + std::to_string(replicas) +
+               " replica(s), checkpoint " + checkpoint);
+  const auto [input, target] = testing::distributed_batch();
+  const int64_t S = ranks / replicas * stages_per_rank;
+  std::vector<int64_t> balance = testing::distributed_balance(S);
+  auto plain = testing::distributed_model(balance);
+  const at::Tensor expected_loss = torch::mse_loss(plain->forward(input), target);
+  expected_loss.backward();
+
+  const testing::Launch launch = testing::launch_workers(
+      ranks, "--schedule " + schedule + " --stages-per-rank " + std::to_string(stages_per_rank) +
+                 " --chunks 4 --data-parallel " + std::to_string(replicas) + " --checkpoint " +
+                 checkpoint);
+  ASSERT_EQ(launch.exit_code, 0) << launch.output;
+  for (int r = 0; r < ranks; ++r) {
+    at::Tensor loss;
+    torch::load(loss, launch.dir + "/loss_rank" + std::to_string(r) + ".pt");
+    EXPECT_TRUE(close(loss, expected_loss))
+        << "rank " << r << ": " << loss << " vs " << expected_loss;
+  }
+  int64_t layer = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    std::vector<at::Tensor> expected;
+    for (int64_t k = 0; k < balance[s]; ++k, ++layer) {
+      for (const auto& p : plain->ptr(layer)->parameters()) expected.push_back(p.grad());
+    }
+    for (int64_t d = 0; d < replicas; ++d) {
+      std::vector<at::Tensor> grads;
+      torch::load(grads, launch.dir + "/grads_stage" + std::to_string(s) + "_replica" +
+                             std::to_string(d) + ".pt");
+      ASSERT_EQ(grads.size(), expected.size()) << "stage " << s;
+      for (size_t k = 0; k < grads.size(); ++k) {
+        EXPECT_TRUE(close(grads[k], expected[k]))
+            << "stage " << s << ", replica " << d << ", parameter " << k;
+      }
+    }
+  }
+}
+
+TEST(DistributedPipelineTest, TwoRanksEverySchedule) {
+  expect_equivalent(2, "gpipe", 1);
+  expect_equivalent(2, "1f1b", 1);
+  expect_equivalent(2, "interleaved_1f1b", 2);
+  expect_equivalent(2, "zb1p", 1);
+}
+
+TEST(DistributedPipelineTest, FourRanksEverySchedule) {
+  expect_equivalent(4, "gpipe", 1);
+  expect_equivalent(4, "1f1b", 1);
+  expect_equivalent(4, "interleaved_1f1b", 2);
+  expect_equivalent(4, "zb1p", 1);
+}
+
+TEST(DistributedPipelineTest, Checkpointing) {
+  expect_equivalent(2, "1f1b", 1, 1, "always");
+  expect_equivalent(2, "gpipe", 1, 1, "except_last");
+}
+
+TEST(DistributedPipelineTest, PipelineTimesDataParallel) {
+  // 2 replicas of a 2-rank pipeline, each on half the batch: the gradients, averaged over the
+  // replicas, and the loss are those of the plain model on the whole batch.
+  expect_equivalent(4, "1f1b", 1, /*replicas=*/2);
+  expect_equivalent(4, "gpipe", 1, /*replicas=*/2);
+}
+
+TEST(DistributedPipelineTest, StagesMustMatchWorldSize) {
+  // Fails before any rendezvous: no other rank is needed to see the mistake.
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "1", 1);
+  std::vector<int64_t> balance{6, 5, 5};
+  auto model = testing::distributed_model(balance);
+  const auto loss = [](const Batch& y, const Batch& t) {
+    return torch::mse_loss(y.tensor(), t.tensor());
+  };
+  GPIPE_EXPECT_THROW_WITH(PipelineStage(model, {6, 5, 5}, loss, PipelineStageOptions(4)),
+                          c10::ValueError,
+                          "balance names 3 stages, but WORLD_SIZE = 2 ranks with 1 stage(s) each "
+                          "run 2");
+  GPIPE_EXPECT_THROW_WITH(
+      PipelineStage(model, {8, 8}, loss, PipelineStageOptions(4).data_parallel(2)), c10::ValueError,
+      "balance names 2 stages, but WORLD_SIZE = 2 ranks in 2 replicas with 1 "
+      "stage(s) each run 1");
+  GPIPE_EXPECT_THROW_WITH(
+      PipelineStage(model, {8, 8}, loss, PipelineStageOptions(4).data_parallel(3)), c10::ValueError,
+      "data_parallel (3) must be positive and divide WORLD_SIZE = 2");
+  GPIPE_EXPECT_THROW_WITH(
+      PipelineStage(model, {8, 8}, loss, PipelineStageOptions(4).stages_per_rank(2)),
+      c10::ValueError, "runs one stage per rank, but stages_per_rank is 2");
+  unsetenv("WORLD_SIZE");
+  GPIPE_EXPECT_THROW_WITH(PipelineStage(model, {8, 8}, loss, PipelineStageOptions(4)),
+                          c10::ValueError, "WORLD_SIZE is not set");
+  for (const char* name : {"RANK", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(name);
+}
+
+}  // namespace
+}  // namespace distributed
+}  // namespace gpipe

@@ -1,0 +1,111 @@
+// One rank of the multi-process tests (distributed_*_test.cpp), started by gpipe_launch.
+//
+// Usage: distributed_worker --out DIR [--schedule gpipe|1f1b|interleaved_1f1b|zb1p]
+//            [--stages-per-rank V] [--chunks M] [--timeout-ms T] [--checkpoint MODE]
+//            [--data-parallel D] [--fail-rank R --fail-mode throw|kill|hang|mismatch]
+//
+// Trains one step of the model of distributed_model.h (W x V stages of even layers) and
+// writes DIR/loss_rank<r>.pt and DIR/grads_stage<s>_replica<d>.pt (the gradients of the stage's
+// parameters, in order; with D replicas, replica d trains on the d-th slice of the batch);
+// DIR/ok_rank<r> on success, or DIR/error_rank<r> with the message and exit status 1. With
+// --fail-rank R, stage R (on rank R) ends in a trap that, on the second micro-batch, throws,
+// SIGKILLs its own process, sleeps for an hour, or widens its output.
+#include "distributed_model.h"
+#include "gpipe/distributed/pipeline_stage.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+namespace {
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out, schedule = "1f1b", fail_mode, checkpoint = "never";
+  int64_t stages_per_rank = 1, chunks = 4, timeout_ms = 60000, fail_rank = -1, replicas = 1;
+  for (int k = 1; k + 1 < argc; k += 2) {
+    const std::string flag = argv[k];
+    const std::string value = argv[k + 1];
+    if (flag == "--out")
+      out = value;
+    else if (flag == "--schedule")
+      schedule = value;
+    else if (flag == "--checkpoint")
+      checkpoint = value;
+    else if (flag == "--stages-per-rank")
+      stages_per_rank = std::stoll(value);
+    else if (flag == "--chunks")
+      chunks = std::stoll(value);
+    else if (flag == "--timeout-ms")
+      timeout_ms = std::stoll(value);
+    else if (flag == "--fail-rank")
+      fail_rank = std::stoll(value);
+    else if (flag == "--data-parallel")
+      replicas = std::stoll(value);
+    else if (flag == "--fail-mode")
+      fail_mode = value;
+  }
+  const int64_t rank = std::atoll(std::getenv("RANK") ? std::getenv("RANK") : "0");
+  const std::string suffix = "_rank" + std::to_string(rank);
+  try {
+    const int64_t world = std::atoll(std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "1");
+    const int64_t S = world / replicas * stages_per_rank;
+    std::vector<int64_t> balance = gpipe::testing::distributed_balance(S);
+    // The failing rank's first stage ends in the trap; every rank has it, unarmed elsewhere.
+    torch::nn::Sequential model =
+        gpipe::testing::distributed_model(balance, fail_rank, fail_mode, fail_rank == rank);
+    auto [input, target] = gpipe::testing::distributed_batch();
+    if (replicas > 1) {
+      // Replica d trains on the d-th of `replicas` equal slices of the batch.
+      const int64_t replica = rank / (world / replicas);
+      input = input.chunk(replicas)[replica];
+      target = target.chunk(replicas)[replica];
+    }
+
+    gpipe::distributed::PipelineStage pipe(
+        model, balance,
+        [](const gpipe::Batch& y, const gpipe::Batch& t) {
+          return torch::mse_loss(y.tensor(), t.tensor());
+        },
+        gpipe::distributed::PipelineStageOptions(chunks)
+            .schedule(gpipe::schedule::parse_schedule_kind(schedule))
+            .stages_per_rank(stages_per_rank)
+            .checkpoint(gpipe::parse_checkpoint_mode(checkpoint))
+            .data_parallel(replicas)
+            .timeout(std::chrono::milliseconds(timeout_ms)));
+    try {
+      const torch::Tensor loss = pipe.step(input, target);
+      torch::save(loss, out + "/loss" + suffix + ".pt");
+      for (const int64_t s : pipe.stage_indices()) {
+        std::vector<torch::Tensor> grads;
+        for (const auto& p : pipe.stage_module(s)->parameters()) grads.push_back(p.grad());
+        torch::save(grads, out + "/grads_stage" + std::to_string(s) + "_replica" +
+                               std::to_string(pipe.replica()) + ".pt");
+      }
+    } catch (const c10::Error& error) {
+      // The PipelineStage must be destroyed before the process exits (see pipeline_stage.h).
+      write_text(out + "/error" + suffix, error.what_without_backtrace());
+      std::cerr << "rank " << rank << ": " << error.what_without_backtrace() << std::endl;
+      return 1;
+    }
+  } catch (const c10::Error& error) {
+    write_text(out + "/error" + suffix, error.what_without_backtrace());
+    std::cerr << "rank " << rank << ": " << error.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& error) {
+    write_text(out + "/error" + suffix, error.what());
+    std::cerr << "rank " << rank << ": " << error.what() << std::endl;
+    return 1;
+  }
+  write_text(out + "/ok" + suffix, "ok");
+  return 0;
+}
