@@ -291,12 +291,29 @@ TEST(CommandTest, BadCommandLinesExitWithTwoAndOneLine) {
             "embedding + head)\n"},
            {"train --steps -3", "gpipe train: --steps must be at least 1, but got -3\n"},
            {"generate", "gpipe generate: needs --model FILE (from gpipe train --save)\n"},
-           {"fly", "gpipe fly: unknown command 'fly' (commands: train, generate)\n"},
+           {"fly", "gpipe fly: unknown command 'fly' (commands: train, generate, launch)\n"},
        }) {
     const auto [code, err] = run_command(arguments);
     EXPECT_EQ(code, 2) << arguments;
     EXPECT_EQ(err, message) << arguments;
   }
+}
+
+TEST(CommandTest, LaunchStartsRanksWithTheirEnvironment) {
+  TemporaryDirectory dir;
+  const auto [code, err] =
+      run_command("launch -n 3 -- sh -c 'echo $RANK/$WORLD_SIZE > " + dir.file("rank") + "$RANK'");
+  EXPECT_EQ(code, 0) << err;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::ifstream in(dir.file("rank" + std::to_string(rank)));
+    std::string line;
+    std::getline(in, line);
+    EXPECT_EQ(line, std::to_string(rank) + "/3");
+  }
+  const auto [failed, message] = run_command("launch -n 2 --grace 5 -- sh -c 'exit $RANK'");
+  EXPECT_EQ(failed, 1);
+  EXPECT_THAT(message, ::testing::HasSubstr("gpipe launch: rank 1 exited with status 1"));
+  EXPECT_EQ(run_command("launch -- true").first, 2);  // no -n
 }
 
 TEST(CommandTest, HelpExitsWithZero) {

@@ -1,8 +1,9 @@
-// The `gpipe` command: `gpipe train` (the default job), `gpipe generate`.
+// The `gpipe` command: `gpipe train` (the default job), `gpipe generate`, `gpipe launch`.
 //
 // Exit codes: 0 done, 1 a failure while running, 2 a bad command line (one line on stderr).
 #include "arguments.h"
 #include "generate.h"
+#include "launcher.h"
 #include "train.h"
 
 #include <c10/util/Exception.h>
@@ -21,6 +22,8 @@ constexpr const char* kUsage = R"(usage: gpipe <command> [flags]
 commands:
   train       train a character-level GPT pipelined over stages (the default job)
   generate    sample text from a model saved by train --save
+  launch      start the N ranks of a multi-process program on this machine:
+              gpipe launch -n N [--master-port P] [--grace S] -- program [args...]
 
 `gpipe <command> --help` lists a command's flags.
 )";
@@ -41,8 +44,9 @@ int run(const std::string& command, const std::vector<std::string>& args) {
     generate(parse_generate_config(args), std::cout);
     return 0;
   }
+  if (command == "launch") return gpipe::launcher::launch(args, "gpipe launch");
   if (command == "--help" || command == "-h" || command == "help") return std::cout << kUsage, 0;
-  throw UsageError("unknown command '" + command + "' (commands: train, generate)");
+  throw UsageError("unknown command '" + command + "' (commands: train, generate, launch)");
 }
 
 }  // namespace

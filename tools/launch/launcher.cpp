@@ -1,14 +1,16 @@
-// gpipe_launch: starts the N ranks of a multi-process gpipe program on this machine, as
-// `torchrun --standalone --nproc-per-node N --no-python` would (the gpipe command is meant to
-// dispatch `gpipe launch` here).
+// The launcher behind `gpipe launch` and `gpipe_launch`: starts the N ranks of a multi-process
+// gpipe program on this machine, as `torchrun --standalone --nproc-per-node N --no-python` would.
 //
-// Usage: gpipe_launch -n N [--master-addr A] [--master-port P] [--grace S] -- program [args...]
+// Usage: gpipe launch -n N ... or gpipe_launch -n N [--master-addr A] [--master-port P] [--grace S]
+// -- program [args...]
 //
 // Each rank runs `program args` with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // MASTER_ADDR (default 127.0.0.1) and MASTER_PORT (default: a free port) set. When a rank exits
 // non-zero or is killed, the others get S seconds (default 30) to finish failing on their own,
 // then are killed; gpipe_launch exits 1 naming the first rank that failed. It exits 0 when every
 // rank does. SIGINT and SIGTERM are passed on to the ranks.
+#include "launcher.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -27,14 +29,15 @@
 namespace {
 
 volatile sig_atomic_t g_signal = 0;
+std::string g_name = "gpipe_launch";  // how messages name the launcher
 
 void on_signal(int signal) { g_signal = signal; }
 
 [[noreturn]] void usage(const std::string& problem) {
   std::fprintf(stderr,
-               "gpipe_launch: %s\nusage: gpipe_launch -n N [--master-addr A] [--master-port P] "
-               "[--grace S] -- program [args...]\n",
-               problem.c_str());
+               "%s: %s\nusage: %s -n N [--master-addr A] [--master-port P] [--grace S] -- "
+               "program [args...]\n",
+               g_name.c_str(), problem.c_str(), g_name.c_str());
   std::exit(2);
 }
 
@@ -58,7 +61,7 @@ int free_port() {
   socklen_t length = sizeof(address);
   if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    std::perror("gpipe_launch: cannot find a free port");
+    std::perror((g_name + ": cannot find a free port").c_str());
     std::exit(1);
   }
   close(fd);
@@ -76,7 +79,19 @@ std::string describe(int status) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace gpipe {
+namespace launcher {
+
+int launch(const std::vector<std::string>& args, const std::string& name) {
+  g_name = name;
+  // execvp wants argv: the name, then the arguments, then null.
+  std::vector<std::string> words = args;
+  words.insert(words.begin(), name);
+  std::vector<char*> pointers;
+  for (auto& word : words) pointers.push_back(word.data());
+  pointers.push_back(nullptr);
+  const int argc = static_cast<int>(words.size());
+  char** argv = pointers.data();
   long n = 0;
   long port = 0;
   long grace = 30;
@@ -114,7 +129,7 @@ int main(int argc, char** argv) {
   for (long rank = 0; rank < n; ++rank) {
     const pid_t pid = fork();
     if (pid < 0) {
-      std::perror("gpipe_launch: fork");
+      std::perror((g_name + ": fork").c_str());
       for (long r = 0; r < rank; ++r) kill(pids[r], SIGKILL);
       return 1;
     }
@@ -126,7 +141,8 @@ int main(int argc, char** argv) {
       setenv("MASTER_ADDR", addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       execvp(argv[k], argv + k);
-      std::fprintf(stderr, "gpipe_launch: cannot run %s: %s\n", argv[k], std::strerror(errno));
+      std::fprintf(stderr, "%s: cannot run %s: %s\n", g_name.c_str(), argv[k],
+                   std::strerror(errno));
       _exit(127);
     }
     pids[rank] = pid;
@@ -154,7 +170,7 @@ int main(int argc, char** argv) {
       --running;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (!ok) {
-        std::fprintf(stderr, "gpipe_launch: rank %ld %s\n", rank, describe(status).c_str());
+        std::fprintf(stderr, "%s: rank %ld %s\n", g_name.c_str(), rank, describe(status).c_str());
         if (first_failed < 0) {
           first_failed = rank;
           deadline = Clock::now() + std::chrono::seconds(grace);
@@ -165,10 +181,8 @@ int main(int argc, char** argv) {
     if (first_failed >= 0 && Clock::now() >= deadline) {
       for (long rank = 0; rank < n; ++rank) {
         if (pids[rank] <= 0) continue;
-        std::fprintf(stderr,
-                     "gpipe_launch: killing rank %ld, still running %ld s after rank %ld "
-                     "failed\n",
-                     rank, grace, first_failed);
+        std::fprintf(stderr, "%s: killing rank %ld, still running %ld s after rank %ld failed\n",
+                     g_name.c_str(), rank, grace, first_failed);
         kill(pids[rank], SIGKILL);
       }
       deadline = Clock::now() + std::chrono::hours(1);
@@ -176,8 +190,11 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (first_failed >= 0) {
-    std::fprintf(stderr, "gpipe_launch: failed: rank %ld failed first\n", first_failed);
+    std::fprintf(stderr, "%s: failed: rank %ld failed first\n", g_name.c_str(), first_failed);
     return 1;
   }
   return g_signal != 0 ? 128 + g_signal : 0;
 }
+
+}  // namespace launcher
+}  // namespace gpipe

@@ -1,0 +1,17 @@
+// Starts the ranks of a multi-process gpipe program on this machine (see launcher.cpp for what
+// each rank gets and how failures end the run). Needs no LibTorch.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace gpipe {
+namespace launcher {
+
+/// Runs `-n N [--master-addr A] [--master-port P] [--grace S] -- program [args...]`; messages
+/// start with `name`. Returns 0 when every rank exits 0, 1 when one fails, 2 for a bad command
+/// line (after printing the usage), 128 + signal when interrupted.
+int launch(const std::vector<std::string>& args, const std::string& name);
+
+}  // namespace launcher
+}  // namespace gpipe
