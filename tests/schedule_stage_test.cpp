@@ -3,7 +3,9 @@
 #include "test_util.h"
 
 #include "gpipe/schedule/stage.h"
+#include "models/char_gpt.h"
 
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -34,17 +36,14 @@ at::Tensor mse(const Batch& output, const Batch& target) {
 
 // Runs micro-batches 0 and 1 through stage `index` of 3 twice, fused and split, and compares the
 // input gradients and the parameters' accumulated gradients.
-void expect_split_equals_fused(int64_t index, bool shared) {
-  torch::manual_seed(11);
-  std::vector<at::Tensor> inputs{torch::randn({4, 5}, torch::kDouble),
-                                 torch::randn({3, 5}, torch::kDouble)};
-  std::vector<at::Tensor> grads{torch::randn({4, 3}, torch::kDouble),
-                                torch::randn({3, 3}, torch::kDouble)};
+void expect_split_equals_fused(const std::function<torch::nn::Sequential()>& make,
+                               std::vector<at::Tensor> inputs, std::vector<at::Tensor> grads,
+                               int64_t index) {
   const bool last = index == 2;
   std::vector<Batch> grad_inputs[2];
   std::vector<at::Tensor> parameter_grads[2];
   for (const bool split : {false, true}) {
-    auto module = make_module(shared);
+    auto module = make();
     Stage stage(index, 3, module, c10::Device(c10::kCPU), CheckpointMode::kNever);
     for (int64_t i = 0; i < 2; ++i) {
       if (last) {
@@ -85,8 +84,39 @@ void expect_split_equals_fused(int64_t index, bool shared) {
   }
 }
 
+void expect_split_equals_fused(int64_t index, bool shared) {
+  torch::manual_seed(11);
+  expect_split_equals_fused(
+      [shared] { return make_module(shared); },
+      {torch::randn({4, 5}, torch::kDouble), torch::randn({3, 5}, torch::kDouble)},
+      {torch::randn({4, 3}, torch::kDouble), torch::randn({3, 3}, torch::kDouble)}, index);
+}
+
 TEST(StageTest, SplitBackwardEqualsFusedBackward) {
   for (const int64_t index : {0, 1, 2}) expect_split_equals_fused(index, /*shared=*/false);
+}
+
+TEST(StageTest, SplitBackwardOfTransformerLayers) {
+  // The char GPT's blocks and head: LayerNorm, attention (matmul, masked_fill, softmax), GELU,
+  // and Linear on 3-d inputs.
+  const auto options =
+      models::CharGPTOptions().num_layers(2).embedding_dim(8).num_heads(2).block_size(5);
+  const auto make = [&] {
+    torch::manual_seed(5);
+    auto gpt = models::char_gpt(options);
+    torch::nn::Sequential stage;
+    for (auto layer = gpt->begin() + 1; layer != gpt->end(); ++layer) stage->push_back(*layer);
+    stage->to(torch::kDouble);
+    return stage;
+  };
+  torch::manual_seed(12);
+  for (const int64_t index : {1, 2}) {
+    const int64_t out = 256;  // the head's logits
+    expect_split_equals_fused(
+        make, {torch::randn({2, 5, 8}, torch::kDouble), torch::randn({3, 5, 8}, torch::kDouble)},
+        {torch::randn({2, 5, out}, torch::kDouble), torch::randn({3, 5, out}, torch::kDouble)},
+        index);
+  }
 }
 
 TEST(StageTest, SplitBackwardWithSharedWeights) {

@@ -282,13 +282,9 @@ Batch Stage::backward_input(int64_t microbatch, const Batch& grad_output) {
     pending.weight_roots.push_back(captures[k]);
     pending.weight_grads.push_back(captured[k]);
   }
-  // The input's path is done: cut it, so that backward_weight() from the split points runs only
-  // towards the parameters, and free what only it needed.
-  for (const auto& node : splits) {
-    for (auto& next : node->next_edges()) {
-      if (!weight_only(next)) next = Edge();
-    }
-  }
+  // The input's path is done: free what only it needed, then cut it, so that backward_weight()
+  // from the split points runs only towards the parameters. Release before cutting: a cut drops
+  // the last owner of the nodes behind it, and `reach` holds raw pointers to them.
   const std::unordered_set<Node*> kept = [&] {
     std::unordered_set<Node*> nodes;
     for (const auto& node : splits) nodes.insert(node.get());
@@ -296,6 +292,11 @@ Batch Stage::backward_input(int64_t microbatch, const Batch& grad_output) {
   }();
   for (const auto& entry : reach) {
     if (entry.second.input && !kept.count(entry.first)) entry.first->release_variables();
+  }
+  for (const auto& node : splits) {
+    for (auto& next : node->next_edges()) {
+      if (!weight_only(next)) next = Edge();
+    }
   }
   return input_gradients(pending.input, captured);
 }

@@ -282,9 +282,9 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
     out << (s ? "," : "") << " stage " << s << " " << mib(report.peak_bytes_per_stage[s]);
   }
   std::snprintf(line, sizeof(line),
-                "\nbubble: %.1f%% of worker time idle (schedule bound %.1f%%); %lld tasks traced\n",
-                100 * report.bubble_fraction, 100 * report.bubble_bound,
-                static_cast<long long>(report.traced_tasks));
+                "\nbubble: %.1f%% of worker time idle (%s bound %.1f%%); %lld tasks traced\n",
+                100 * report.bubble_fraction, c.schedule == "zb1p" ? "1F1B's" : "schedule",
+                100 * report.bubble_bound, static_cast<long long>(report.traced_tasks));
   out << line;
   if (!c.trace.empty()) out << "trace: " << c.trace << "\n";
   if (!c.timeline.empty()) out << "timeline: " << c.timeline << "\n";
