@@ -29,6 +29,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -183,8 +184,15 @@ int main(int argc, char** argv) {
     c.step();
     c.peak = gpipe::memory::cpu_peak_bytes() - before;
   }
+  // Round by round, rotating who goes first: a run must not always follow the same one (BLAS
+  // and OpenMP threads of a 2-thread run keep spinning for a while after it, so each run also
+  // starts after a pause).
   for (int64_t r = 0; r < repeats; ++r) {
-    for (auto& c : candidates) c.times.push_back(seconds(c.step, &c.cpu));
+    for (size_t k = 0; k < candidates.size(); ++k) {
+      auto& c = candidates[(k + static_cast<size_t>(r)) % candidates.size()];
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let spinning threads park
+      c.times.push_back(seconds(c.step, &c.cpu));
+    }
   }
 
   std::printf(
