@@ -1,5 +1,6 @@
 // AmoebaNet-D (models/amoebanet.h): the same model as torchgpipe's, and pipelined its gradients
 // equal the plain model's, its two-tensor states crossing every partition boundary.
+#include "gradients.h"
 #include "test_util.h"
 
 #include "models/amoebanet.h"
@@ -17,27 +18,7 @@ int64_t parameter_count(torch::nn::Module& module) {
   return count;
 }
 
-struct Gradients {
-  torch::Tensor output;
-  torch::Tensor input_grad;
-  std::vector<torch::Tensor> parameter_grads;
-};
-
-// Output and gradients of sum(output * linspace) through `forward`; clears the parameters' grads.
-template <typename Forward>
-Gradients gradients(Forward forward, torch::nn::Module& module, const torch::Tensor& input) {
-  auto x = input.clone().requires_grad_(true);
-  auto output = forward(x);
-  (output * torch::linspace(-1, 1, output.numel(), output.options()).reshape(output.sizes()))
-      .sum()
-      .backward();
-  Gradients result{output.detach(), x.grad(), {}};
-  for (auto& parameter : module.parameters()) {
-    result.parameter_grads.push_back(parameter.grad().clone());
-    parameter.mutable_grad().reset();
-  }
-  return result;
-}
+using testing::Gradients;
 
 TEST(AmoebaNetTest, LayersAndShapes) {
   Sequential model =
@@ -70,22 +51,15 @@ TEST(AmoebaNetTest, Transparency) {
       model->to(torch::kDouble);
       auto input = torch::rand({4, 3, 32, 32}, torch::kDouble);
       // BatchNorm normalizes each micro-batch by itself: the plain model runs them one by one.
-      const Gradients expected = gradients(
+      const Gradients expected = testing::gradients_of(
           [&](const torch::Tensor& x) {
             return torch::cat({model->forward(x.slice(0, 0, 2)), model->forward(x.slice(0, 2))});
           },
           *model, input);
       GPipe pipe(model, GPipeOptions(balance).chunks(2).checkpoint(mode));
-      const Gradients actual =
-          gradients([&](const torch::Tensor& x) { return pipe->forward(x); }, *pipe, input);
-      EXPECT_TRUE(torch::allclose(actual.output, expected.output, 1e-6, 1e-9));
-      EXPECT_TRUE(torch::allclose(actual.input_grad, expected.input_grad, 1e-6, 1e-9));
-      ASSERT_EQ(actual.parameter_grads.size(), expected.parameter_grads.size());
-      for (size_t k = 0; k < actual.parameter_grads.size(); ++k) {
-        EXPECT_TRUE(
-            torch::allclose(actual.parameter_grads[k], expected.parameter_grads[k], 1e-6, 1e-9))
-            << "parameter " << k;
-      }
+      const Gradients actual = testing::gradients_of(
+          [&](const torch::Tensor& x) { return pipe->forward(x); }, *pipe, input);
+      testing::expect_close(actual, expected);
     }
   }
 }

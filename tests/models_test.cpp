@@ -1,5 +1,6 @@
 // The example models built on skips (models/): pipelined, their gradients equal the plain
 // model's for every cut and checkpoint mode.
+#include "gradients.h"
 #include "test_util.h"
 
 #include "models/resnet.h"
@@ -7,74 +8,30 @@
 
 #include <gpipe/pipe.h>
 
-#include <functional>
-
 namespace gpipe {
 namespace {
 
 using torch::nn::Sequential;
 
-struct Gradients {
-  torch::Tensor output;
-  torch::Tensor input_grad;
-  std::vector<torch::Tensor> parameter_grads;
-};
-
-// Gradients of sum(output * weight) by `backward`, which computes and differentiates the output
-// of its argument; the parameters' grads are collected and cleared.
-Gradients gradients(const std::function<torch::Tensor(const torch::Tensor&)>& forward,
-                    torch::nn::Module& module, const torch::Tensor& input) {
-  auto x = input.clone().requires_grad_(true);
-  Gradients result;
-  result.output = forward(x);
-  result.input_grad = x.grad();
-  for (auto& parameter : module.parameters()) {
-    result.parameter_grads.push_back(parameter.grad().clone());
-    parameter.mutable_grad().reset();
-  }
-  return result;
-}
-
-torch::Tensor weight_like(const torch::Tensor& output) {
-  return torch::linspace(-1, 1, output.numel(), output.options()).reshape(output.sizes());
-}
-
-void expect_close(const Gradients& actual, const Gradients& expected) {
-  EXPECT_TRUE(torch::allclose(actual.output, expected.output, 1e-6, 1e-9));
-  ASSERT_TRUE(actual.input_grad.defined());
-  EXPECT_TRUE(torch::allclose(actual.input_grad, expected.input_grad, 1e-6, 1e-9));
-  ASSERT_EQ(actual.parameter_grads.size(), expected.parameter_grads.size());
-  for (size_t k = 0; k < actual.parameter_grads.size(); ++k) {
-    EXPECT_TRUE(torch::allclose(actual.parameter_grads[k], expected.parameter_grads[k], 1e-6, 1e-9))
-        << "parameter " << k;
-  }
-}
+using testing::expect_close;
+using testing::Gradients;
+using testing::gradients_of;
 
 // The plain model's gradients: the whole batch at once, or micro-batch by micro-batch (what a
 // pipeline computes for layers with batch statistics, such as BatchNorm in training).
 Gradients plain(Sequential& model, const torch::Tensor& input, int64_t chunks) {
-  return gradients(
+  return gradients_of(
       [&](const torch::Tensor& x) {
         std::vector<torch::Tensor> outputs;
-        for (const auto& part : x.chunk(chunks)) {
-          outputs.push_back(model->forward(part));
-        }
-        auto output = torch::cat(outputs);
-        (output * weight_like(output)).sum().backward();
-        return output.detach();
+        for (const auto& part : x.chunk(chunks)) outputs.push_back(model->forward(part));
+        return torch::cat(outputs);
       },
       *model, input);
 }
 
 Gradients pipelined(Sequential& model, const GPipeOptions& options, const torch::Tensor& input) {
   GPipe pipe(model, options);
-  return gradients(
-      [&](const torch::Tensor& x) {
-        auto output = pipe->forward(x);
-        (output * weight_like(output)).sum().backward();
-        return output.detach();
-      },
-      *pipe, input);
+  return gradients_of([&](const torch::Tensor& x) { return pipe->forward(x); }, *pipe, input);
 }
 
 const std::vector<CheckpointMode> kModes = {CheckpointMode::kNever, CheckpointMode::kAlways,

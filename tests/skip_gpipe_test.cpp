@@ -1,5 +1,6 @@
 // Skip connections under GPipe: gradients equal the plain Sequential's for every balance and
 // checkpoint mode. Ports tests/skip/test_gpipe.py and goes further.
+#include "gradients.h"
 #include "test_util.h"
 
 #include <gpipe/pipe.h>
@@ -40,39 +41,9 @@ struct Layer3Impl : torch::nn::Module, Skippable {
 };
 TORCH_MODULE(Layer3);
 
-struct Gradients {
-  torch::Tensor output;
-  torch::Tensor input_grad;
-  std::vector<torch::Tensor> parameter_grads;
-};
-
-// Runs `forward` on a copy of `input` and backward of a weighted sum; collects and clears grads.
-Gradients run(const std::function<torch::Tensor(const torch::Tensor&)>& forward,
-              torch::nn::Module& module, const torch::Tensor& input) {
-  auto x = input.clone().requires_grad_(true);
-  Gradients result;
-  result.output = forward(x);
-  auto weight = torch::linspace(-1, 1, result.output.numel(), result.output.options())
-                    .reshape(result.output.sizes());
-  (result.output * weight).sum().backward();
-  result.input_grad = x.grad();
-  for (auto& parameter : module.parameters()) {
-    result.parameter_grads.push_back(parameter.grad().clone());
-    parameter.mutable_grad().reset();
-  }
-  return result;
-}
-
-void expect_close(const Gradients& actual, const Gradients& expected) {
-  EXPECT_TRUE(torch::allclose(actual.output, expected.output, 1e-6, 1e-9));
-  ASSERT_TRUE(actual.input_grad.defined());
-  EXPECT_TRUE(torch::allclose(actual.input_grad, expected.input_grad, 1e-6, 1e-9));
-  ASSERT_EQ(actual.parameter_grads.size(), expected.parameter_grads.size());
-  for (size_t k = 0; k < actual.parameter_grads.size(); ++k) {
-    EXPECT_TRUE(torch::allclose(actual.parameter_grads[k], expected.parameter_grads[k], 1e-6, 1e-9))
-        << "parameter " << k;
-  }
-}
+using testing::expect_close;
+using testing::Gradients;
+using testing::gradients_of;
 
 void check_1to3(const std::vector<int64_t>& balance, CheckpointMode mode,
                 const std::vector<c10::Device>& devices) {
@@ -80,13 +51,13 @@ void check_1to3(const std::vector<int64_t>& balance, CheckpointMode mode,
   auto sequential = Sequential(Layer1(), Layer2(), Layer3());
   sequential->to(torch::kDouble);
   auto input = torch::rand({30, 3, 8, 8}, torch::kDouble);
-  Gradients expected =
-      run([&](const torch::Tensor& x) { return sequential->forward(x); }, *sequential, input);
+  Gradients expected = gradients_of([&](const torch::Tensor& x) { return sequential->forward(x); },
+                                    *sequential, input);
 
   GPipe model(sequential, GPipeOptions(balance).chunks(3).checkpoint(mode).devices(devices));
-  Gradients actual =
-      run([&](const torch::Tensor& x) { return model->forward(x.to(model->devices()[0])).cpu(); },
-          *model, input);
+  Gradients actual = gradients_of(
+      [&](const torch::Tensor& x) { return model->forward(x.to(model->devices()[0])).cpu(); },
+      *model, input);
   expect_close(actual, expected);
 }
 
@@ -257,14 +228,15 @@ TEST(SkipGPipeTest, NamespacesKeepReusedLayersApart) {
   Sequential sequential = make();
   sequential->to(torch::kDouble);
   auto input = torch::rand({8, 3, 2, 2}, torch::kDouble);
-  Gradients expected =
-      run([&](const torch::Tensor& x) { return sequential->forward(x); }, *sequential, input);
+  Gradients expected = gradients_of([&](const torch::Tensor& x) { return sequential->forward(x); },
+                                    *sequential, input);
   for (const auto& balance : std::vector<std::vector<int64_t>>{{1, 3}, {2, 2}, {1, 1, 1, 1}}) {
     Sequential copy = make();
     copy->to(torch::kDouble);
     GPipe model(copy, GPipeOptions(balance).chunks(4));
-    expect_close(run([&](const torch::Tensor& x) { return model->forward(x); }, *model, input),
-                 expected);
+    expect_close(
+        gradients_of([&](const torch::Tensor& x) { return model->forward(x); }, *model, input),
+        expected);
   }
 }
 
