@@ -11,6 +11,7 @@
 // T x C floats per sample): always ~ K N b + (L/K) (N/M) c.
 //
 // Usage: checkpoint_memory [batch=32] [layers=4] [embedding_dim=128] [block_size=64]
+#include "common/bench_util.h"
 #include "models/char_gpt.h"
 
 #include "gpipe/memory.h"
@@ -24,13 +25,7 @@
 
 namespace {
 
-double mib(double bytes) { return bytes / (1 << 20); }
-
-std::vector<int64_t> even_balance(int64_t layers, int64_t partitions) {
-  std::vector<int64_t> balance(static_cast<size_t>(partitions), layers / partitions);
-  for (int64_t k = 0; k < layers % partitions; ++k) ++balance[static_cast<size_t>(k)];
-  return balance;
-}
+using gpipe::bench::mib;
 
 // The peak of one training step above what was allocated before it (parameters, their grads).
 int64_t step_peak(gpipe::GPipe& model, const torch::Tensor& input, const torch::Tensor& target) {
@@ -79,8 +74,9 @@ int main(int argc, char** argv) {
       int index = 0;
       for (const auto mode : {gpipe::CheckpointMode::kNever, gpipe::CheckpointMode::kExceptLast,
                               gpipe::CheckpointMode::kAlways}) {
-        gpipe::GPipe model(sequential,
-                           gpipe::GPipeOptions(even_balance(L, K)).chunks(M).checkpoint(mode));
+        gpipe::GPipe model(
+            sequential,
+            gpipe::GPipeOptions(gpipe::bench::even_balance(L, K)).chunks(M).checkpoint(mode));
         peak[index++] = static_cast<double>(step_peak(model, input, target));
         model->zero_grad();
       }
