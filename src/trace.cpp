@@ -127,7 +127,17 @@ bool is_compute(const Event& event) {
   return event.name == "forward" || event.name.rfind("backward", 0) == 0;
 }
 
-double bubble_fraction(const std::vector<Event>& events) {
+Utilization& Utilization::operator+=(const Utilization& other) {
+  busy_us += other.busy_us;
+  available_us += other.available_us;
+  return *this;
+}
+
+double Utilization::bubble_fraction() const {
+  return available_us > 0 ? 1.0 - busy_us / available_us : 0.0;
+}
+
+Utilization utilization(const std::vector<Event>& events) {
   // Per step: its span and the compute time of its workers.
   std::map<int64_t, std::pair<double, double>> spans;
   std::map<int64_t, double> busy;
@@ -143,13 +153,16 @@ double bubble_fraction(const std::vector<Event>& events) {
     if (is_compute(e)) busy[e.step] += e.end_us - e.begin_us;
     workers.insert(e.worker);
   }
-  double available = 0;
-  double used = 0;
+  Utilization result;
   for (const auto& [step, span] : spans) {
-    available += static_cast<double>(workers.size()) * (span.second - span.first);
-    used += busy[step];
+    result.available_us += static_cast<double>(workers.size()) * (span.second - span.first);
+    result.busy_us += busy[step];
   }
-  return available > 0 ? 1.0 - used / available : 0.0;
+  return result;
+}
+
+double bubble_fraction(const std::vector<Event>& events) {
+  return utilization(events).bubble_fraction();
 }
 
 void write_chrome_trace(const std::vector<Event>& events, std::ostream& out) {

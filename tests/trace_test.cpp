@@ -55,6 +55,12 @@ TEST(TraceTest, BubbleFraction) {
   };
   EXPECT_DOUBLE_EQ(bubble_fraction(events), 6.0 / 20.0);
   EXPECT_EQ(bubble_fraction({}), 0.0);
+  // A second step, all busy: utilizations of separate steps add up.
+  Utilization total = utilization(events);
+  total += utilization({{"forward", 0, 0, 0, 1, 20, 30}, {"forward", 1, 1, 0, 1, 20, 30}});
+  EXPECT_DOUBLE_EQ(total.busy_us, 14.0 + 20.0);
+  EXPECT_DOUBLE_EQ(total.available_us, 20.0 + 20.0);
+  EXPECT_DOUBLE_EQ(total.bubble_fraction(), 6.0 / 40.0);
 }
 
 TEST(TraceTest, WritersProduceJsonAndSvg) {

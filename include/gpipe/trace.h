@@ -94,8 +94,21 @@ class TraceSpan {
 /// inside a backward and is not counted twice).
 bool is_compute(const Event& event);
 
-/// The share of worker time spent idle during steps: 1 - (compute time) / (workers x span of
-/// each step), summed over steps. 0 with no events.
+/// Worker time during steps: `available` is the number of workers times the span of each step
+/// (first begin to last end), `busy` the compute time; both summed over steps, in microseconds.
+/// Utilizations of separate steps add up.
+struct Utilization {
+  double busy_us = 0;
+  double available_us = 0;
+
+  Utilization& operator+=(const Utilization& other);
+  /// 1 - busy / available; 0 when nothing was available.
+  double bubble_fraction() const;
+};
+
+Utilization utilization(const std::vector<Event>& events);
+
+/// The share of worker time spent idle during steps: utilization(events).bubble_fraction().
 double bubble_fraction(const std::vector<Event>& events);
 
 /// Writes `events` in the Chrome trace event format (chrome://tracing, ui.perfetto.dev): one

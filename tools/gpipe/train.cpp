@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 namespace gpipe {
@@ -221,6 +222,10 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   ProgressBar progress(out, c.steps, c.batch_size, interactive);
   TrainReport report;
   memory::reset_cpu_peak();
+  // Each step's events are drained as it ends: the bubble adds up step by step, and only what
+  // --trace or --timeline will write is kept, so a long run does not pile up events.
+  trace::Utilization steady;  // the first step warms up allocators and threads: left out
+  std::vector<trace::Event> kept;
   const auto start = std::chrono::steady_clock::now();
   for (int64_t step = 1; step <= c.steps; ++step) {
     auto [input, target] = corpus.batch(c.batch_size, options.block_size(), generator);
@@ -229,6 +234,13 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
     optimizer.step();
     report.losses.push_back(loss);
     progress.update(step, loss);
+
+    std::vector<trace::Event> events = tracer->events();
+    tracer->clear();
+    report.traced_tasks += static_cast<int64_t>(events.size());
+    if (c.steps == 1 || step > 1) steady += trace::utilization(events);
+    const bool drawn = !c.timeline.empty() && step > c.steps - c.timeline_steps;
+    if (!c.trace.empty() || drawn) kept.insert(kept.end(), events.begin(), events.end());
   }
   progress.finish();
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -237,26 +249,18 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
     report.peak_bytes_per_stage.push_back(memory::cpu_peak_bytes(s));
   }
 
-  // The first step warms up allocators and threads: leave it out of the bubble when there are
-  // more.
-  const auto events = tracer->events();
-  std::vector<trace::Event> steady;
-  for (const auto& e : events) {
-    if (c.steps == 1 || e.step > 0) steady.push_back(e);
-  }
-  report.traced_tasks = static_cast<int64_t>(events.size());
-  report.bubble_fraction = trace::bubble_fraction(steady);
+  report.bubble_fraction = steady.bubble_fraction();
   const int64_t M = std::min(c.chunks, c.batch_size);
   const int64_t workers = c.stages / c.virtual_stages;
   report.bubble_bound =
       static_cast<double>(workers - 1) / static_cast<double>(M * c.virtual_stages + workers - 1);
 
   if (!c.trace.empty()) {
-    write_file(c.trace, [&](std::ostream& o) { trace::write_chrome_trace(events, o); });
+    write_file(c.trace, [&](std::ostream& o) { trace::write_chrome_trace(kept, o); });
   }
   if (!c.timeline.empty()) {
     std::vector<trace::Event> last;
-    for (const auto& e : events) {
+    for (const auto& e : kept) {
       if (e.step >= c.steps - c.timeline_steps) last.push_back(e);
     }
     write_file(c.timeline, [&](std::ostream& o) { trace::write_svg_timeline(last, o); });
