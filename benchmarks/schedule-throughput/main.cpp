@@ -5,14 +5,17 @@
 // passes fill part of that bubble. Also prints each one's peak CPU tensor
 // memory during a step (the tracking allocator), above what the model holds, and the plain model
 // run micro-batch by micro-batch on one thread: smaller matrix products cost more CPU time per
-// sample (with OpenBLAS, about 1.7x at 32 rows and 1.1x at 128), which no schedule wins back.
-// Default: 8 x Linear(1024, 1024) + Tanh, batch 2048, so micro-batches of 256 rows.
+// sample (OpenBLAS packs the whole weight matrix on every call), which no schedule wins back.
+// Default: 16 x Linear(1024, 1024) + Tanh, batch 4096, so micro-batches of 512 rows, which cost
+// about 5% more per sample than the whole batch (256 rows: 12%, capping M = 8 below 1.6x).
 //
 // Usage: schedule_throughput [--width W] [--layers L] [--batch N] [--chunks M] [--repeats R]
 //
 // OpenBLAS keeps one process-wide thread count (at::set_num_threads does not change it), so this
 // program sets it with openblas_set_num_threads where the library has it: 1 for the pipelines and
-// (a), 2 for (b). It re-executes itself with GLIBC_TUNABLES set for stable timings.
+// (a), 2 for (b). It re-executes itself with GLIBC_TUNABLES set for stable timings: one malloc
+// arena, because glibc unmaps a thread arena's heap once it empties, so the pipeline's workers
+// would fault every activation's pages back in on each step (6% of a 1F1B step here).
 #include "gpipe/memory.h"
 #include "gpipe/schedule/runtime.h"
 
@@ -35,7 +38,7 @@
 namespace {
 
 constexpr const char* kTunables =
-    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295";
+    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295:glibc.malloc.arena_max=1";
 
 void set_blas_threads(int threads) {
   using SetThreads = void (*)(int);
@@ -96,7 +99,7 @@ int main(int argc, char** argv) {
     setenv("GLIBC_TUNABLES", kTunables, 1);
     execv("/proc/self/exe", argv);  // on failure, run without
   }
-  int64_t width = 1024, layers = 8, batch = 2048, chunks = 8, repeats = 7;
+  int64_t width = 1024, layers = 16, batch = 4096, chunks = 8, repeats = 5;
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string flag = argv[k];
     const int64_t value = std::atoll(argv[k + 1]);

@@ -3,7 +3,7 @@
 //
 // Usage: uneven_balance [rounds=15] [partitions=4]
 // For stable CPU timings run with
-//   GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295
+//   GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295:glibc.malloc.arena_max=1
 #include "gpipe/balance/balance.h"
 
 #include <torch/torch.h>
