@@ -87,6 +87,62 @@ TEST(DistributedTransportTest, BatchesArriveWholeBothWays) {
   });
 }
 
+// The first batch on an edge goes as a header and one message per tensor; later ones that fit
+// the largest so far go as one message, into receives that expect() posts ahead. Every kind of
+// tensor arrives bitwise equal either way: dtypes of 1 to 8 bytes, a scalar, an empty and an
+// undefined tensor, a non-contiguous one, a smaller last batch and a larger one that needs the
+// split form again.
+TEST(DistributedTransportTest, LaterBatchesTravelAsOneMessageIntoPostedReceives) {
+  auto batch_of = [](int64_t rows, int64_t seed) {
+    torch::manual_seed(seed);
+    return std::vector<at::Tensor>{torch::randn({3, rows}).t(),  // non-contiguous
+                                   torch::randint(0, 100, {rows}, torch::kLong),
+                                   torch::rand({rows, 5}) > 0.5,
+                                   torch::randn({}, torch::kDouble),
+                                   torch::empty({0, 4}),
+                                   at::Tensor(),
+                                   torch::randint(0, 9, {rows, 3}, torch::kInt8)};
+  };
+  const std::vector<int64_t> rows{4, 4, 4, 2, 6, 6};
+  // Messages per batch: the split form is a header plus one per non-empty defined tensor.
+  const std::vector<int64_t> expected_messages{6, 1, 1, 1, 6, 1};
+  run_ranks([&](int64_t rank, C10dTransport& transport) {
+    transport.begin_step();
+    if (rank == 1) transport.expect(0, 1, static_cast<int64_t>(rows.size()));
+    for (const auto i : c10::irange(rows.size())) {
+      const auto sent = batch_of(rows[i], static_cast<int64_t>(i));
+      if (rank == 0) {
+        const int64_t before = transport.messages_sent();
+        transport.send(Batch(sent), 0, 1, static_cast<int64_t>(i));
+        EXPECT_EQ(transport.messages_sent() - before, expected_messages[i]) << "batch " << i;
+        continue;
+      }
+      const Batch got = transport.recv(0, 1, static_cast<int64_t>(i));
+      ASSERT_EQ(got.size(), sent.size());
+      for (const auto k : c10::irange(sent.size())) {
+        if (!sent[k].defined()) {
+          EXPECT_FALSE(got[k].defined()) << "batch " << i << ", tensor " << k;
+          continue;
+        }
+        EXPECT_EQ(got[k].scalar_type(), sent[k].scalar_type()) << "batch " << i << ", tensor " << k;
+        EXPECT_TRUE(testing::bitwise_equal(got[k], sent[k])) << "batch " << i << ", tensor " << k;
+      }
+    }
+    transport.flush();
+  });
+}
+
+TEST(DistributedTransportTest, ExpectRejectsBadArguments) {
+  run_ranks([&](int64_t rank, C10dTransport& transport) {
+    if (rank == 1) {
+      GPIPE_EXPECT_THROW_WITH(transport.expect(0, 1, -1), c10::ValueError,
+                       "count must be non-negative, but got -1");
+      GPIPE_EXPECT_THROW_WITH(transport.expect(1, 0, 1), c10::ValueError,
+                       "rank 1 cannot receive for stage 0, which rank 0 runs");
+    }
+  });
+}
+
 TEST(DistributedTransportTest, ShapeMismatchFailsOnBothSides) {
   std::string sender, receiver;
   run_ranks([&](int64_t rank, C10dTransport& transport) {

@@ -42,7 +42,7 @@
 namespace {
 
 constexpr const char* kTunables =
-    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295";
+    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295:glibc.malloc.arena_max=1";
 
 void set_blas_threads(int threads) {
   using SetThreads = void (*)(int);

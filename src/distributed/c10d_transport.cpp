@@ -16,6 +16,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kHeaderSize = 256;
+constexpr int64_t kHeaderBytes = kHeaderSize * static_cast<int64_t>(sizeof(int64_t));
+constexpr int64_t kAlignment = 64;  // of each tensor in a one-message batch
 constexpr int64_t kMagic = 0x67706970;  // "gpip"
 constexpr int64_t kUndefined = -1;      // the dtype of an undefined tensor
 
@@ -105,10 +107,39 @@ bool fits(const MessageMetadata& grad, const MessageMetadata& activation) {
   return true;
 }
 
-at::Tensor encode(int64_t kind, int64_t tag, int64_t from, int64_t to,
-                  const MessageMetadata& meta) {
-  std::vector<int64_t> h{
-      kMagic, kind, tag, from, to, meta.atomic ? 1 : 0, static_cast<int64_t>(meta.dtypes.size())};
+// The bytes of a batch sent as one message: the header, then each tensor's data (aligned).
+// Sender and receiver compute it alike from the metadata.
+int64_t message_bytes(const MessageMetadata& meta) {
+  int64_t total = kHeaderBytes;
+  for (const auto k : c10::irange(meta.dtypes.size())) {
+    if (meta.dtypes[k] == kUndefined) continue;
+    const int64_t numel = c10::multiply_integers(meta.shapes[k]);
+    const int64_t size = numel * static_cast<int64_t>(c10::elementSize(
+                                     static_cast<c10::ScalarType>(meta.dtypes[k])));
+    total += (size + kAlignment - 1) / kAlignment * kAlignment;
+  }
+  return total;
+}
+
+// The bytes of `buffer` at `offset` as a tensor of `dtype` and `shape` (a view, no copy).
+at::Tensor view_bytes(const at::Tensor& buffer, int64_t offset, int64_t dtype,
+                      const std::vector<int64_t>& shape) {
+  const auto type = static_cast<c10::ScalarType>(dtype);
+  const int64_t numel = c10::multiply_integers(shape);
+  const int64_t size = numel * static_cast<int64_t>(c10::elementSize(type));
+  return buffer.narrow(0, offset, size).view(type).view(shape);
+}
+
+at::Tensor encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const MessageMetadata& meta,
+                  bool one_message) {
+  std::vector<int64_t> h{kMagic,
+                         kind,
+                         tag,
+                         from,
+                         to,
+                         meta.atomic ? 1 : 0,
+                         static_cast<int64_t>(meta.dtypes.size()),
+                         one_message ? 1 : 0};
   for (const auto k : c10::irange(meta.dtypes.size())) {
     h.push_back(meta.dtypes[k]);
     h.push_back(static_cast<int64_t>(meta.shapes[k].size()));
@@ -125,15 +156,16 @@ at::Tensor encode(int64_t kind, int64_t tag, int64_t from, int64_t to,
 struct Header {
   int64_t kind, tag, from, to;
   MessageMetadata meta;
+  bool one_message;  // the tensors' data follows the header in the same message
 };
 
 Header decode(const at::Tensor& tensor, int64_t rank, int64_t peer) {
   const int64_t* h = tensor.data_ptr<int64_t>();
   TORCH_CHECK_VALUE(h[0] == kMagic, "rank ", rank, " received a message from rank ", peer,
                     " that is not a gpipe header: is rank ", peer, " running the same program?");
-  Header header{h[1], h[2], h[3], h[4], {}};
+  Header header{h[1], h[2], h[3], h[4], {}, h[7] != 0};
   header.meta.atomic = h[5] != 0;
-  int64_t at = 7;
+  int64_t at = 8;
   for (int64_t k = 0; k < h[6] && at + 1 < kHeaderSize; ++k) {
     header.meta.dtypes.push_back(h[at]);
     const int64_t ndim = h[at + 1];
@@ -240,16 +272,45 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
   const int peer = static_cast<int>(rank_of(to_stage));
   const int t = edge_tag(from_stage, to_stage);
   const auto start = Clock::now();
-  std::vector<at::Tensor> header{encode(kind, tag, from_stage, to_stage, meta)};
-  sends_.push_back({post([&] { return group_.group->send(header, peer, t); }, what.str(), peer),
-                    peer, what.str()});
   for (const auto& x : batch) {
-    if (!x.defined() || x.numel() == 0) continue;
-    TORCH_CHECK_VALUE(x.device().is_cpu(), "the Gloo transport sends CPU tensors, but stage ",
-                      from_stage, " sends one on ", x.device());
-    std::vector<at::Tensor> payload{x.contiguous()};
-    sends_.push_back({post([&] { return group_.group->send(payload, peer, t); }, what.str(), peer),
+    TORCH_CHECK_VALUE(!x.defined() || x.device().is_cpu(),
+                      "the Gloo transport sends CPU tensors, but stage ", from_stage,
+                      " sends one on ", x.device());
+  }
+  // One message when it fits the buffer the receiver posts (both ends know its size), so that
+  // a receive posted ahead takes the whole batch as soon as it is sent; else the header, then
+  // one message per tensor.
+  const int64_t bytes = message_bytes(meta);
+  const bool one_message = bytes <= e.send_capacity;
+  e.send_capacity = std::max(e.send_capacity, bytes);
+  const at::Tensor header = encode(kind, tag, from_stage, to_stage, meta, one_message);
+  if (one_message) {
+    at::Tensor buffer = at::empty({bytes}, at::kByte);
+    buffer.narrow(0, 0, kHeaderBytes).view(at::kLong).copy_(header);
+    int64_t offset = kHeaderBytes;
+    for (const auto k : c10::irange(meta.dtypes.size())) {
+      if (meta.dtypes[k] == kUndefined) continue;
+      at::Tensor into = view_bytes(buffer, offset, meta.dtypes[k], meta.shapes[k]);
+      into.copy_(batch[k]);
+      offset += (into.nbytes() + kAlignment - 1) / kAlignment * kAlignment;
+    }
+    std::vector<at::Tensor> message{buffer};
+    ++messages_sent_;
+    sends_.push_back({post([&] { return group_.group->send(message, peer, t); }, what.str(), peer),
                       peer, what.str()});
+  } else {
+    std::vector<at::Tensor> message{header};
+    ++messages_sent_;
+    sends_.push_back({post([&] { return group_.group->send(message, peer, t); }, what.str(), peer),
+                      peer, what.str()});
+    for (const auto& x : batch) {
+      if (!x.defined() || x.numel() == 0) continue;
+      std::vector<at::Tensor> payload{x.contiguous()};
+      ++messages_sent_;
+      sends_.push_back(
+          {post([&] { return group_.group->send(payload, peer, t); }, what.str(), peer), peer,
+           what.str()});
+    }
   }
   communication_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -265,11 +326,13 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
        << " (rank " << peer << ") to stage " << to_stage;
   check_not_failed("waiting for " + what.str());
   const int t = edge_tag(from_stage, to_stage);
-  std::vector<at::Tensor> header{at::empty({kHeaderSize}, at::kLong)};
-  wait(
-      post([&] { return group_.group->recv(header, static_cast<int>(peer), t); }, what.str(), peer),
-      what.str(), peer);
-  const Header h = decode(header[0], rank(), peer);
+  if (!e.posted) post_receive(e, peer, t, what.str());
+  const PostedReceive posted = std::move(*e.posted);
+  e.posted.reset();
+  if (e.expected > 0) --e.expected;
+  wait(posted.work, what.str(), peer);
+  const Header h =
+      decode(posted.buffer.narrow(0, 0, kHeaderBytes).view(at::kLong), rank(), peer);
   TORCH_CHECK_VALUE(h.kind == kind && h.tag == tag && h.from == from_stage && h.to == to_stage,
                     "stage ", to_stage, " expected ", what.str(), ", but got the ",
                     kind_name(h.kind), " of micro-batch ", h.tag, " from stage ", h.from,
@@ -291,9 +354,15 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
     sent_.erase(it);
   }
   std::vector<at::Tensor> tensors;
+  int64_t offset = kHeaderBytes;
   for (const auto k : c10::irange(h.meta.dtypes.size())) {
     if (h.meta.dtypes[k] == kUndefined) {
       tensors.emplace_back();
+      continue;
+    }
+    if (h.one_message) {
+      tensors.push_back(view_bytes(posted.buffer, offset, h.meta.dtypes[k], h.meta.shapes[k]));
+      offset += (tensors.back().nbytes() + kAlignment - 1) / kAlignment * kAlignment;
       continue;
     }
     at::Tensor x =
@@ -309,8 +378,32 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
     }
     tensors.push_back(std::move(x));
   }
+  e.recv_capacity = std::max(e.recv_capacity, message_bytes(h.meta));
+  if (e.expected > 0) post_receive(e, peer, t, "the next message from stage " +
+                                                   std::to_string(from_stage) + " to stage " +
+                                                   std::to_string(to_stage));
   if (h.meta.atomic && tensors.size() == 1) return Batch(std::move(tensors[0]));
   return Batch(std::move(tensors));
+}
+
+void C10dTransport::post_receive(Edge& e, int64_t peer, int tag, const std::string& what) {
+  std::vector<at::Tensor> buffer{at::empty({std::max(e.recv_capacity, kHeaderBytes)}, at::kByte)};
+  auto work =
+      post([&] { return group_.group->recv(buffer, static_cast<int>(peer), tag); }, what, peer);
+  e.posted = PostedReceive{std::move(work), buffer[0]};
+}
+
+void C10dTransport::expect(int64_t from_stage, int64_t to_stage, int64_t count) {
+  TORCH_CHECK_VALUE(count >= 0, "count must be non-negative, but got ", count);
+  TORCH_CHECK_VALUE(rank_of(to_stage) == rank(), "rank ", rank(), " cannot receive for stage ",
+                    to_stage, ", which rank ", rank_of(to_stage), " runs");
+  Edge& e = edge(from_stage, to_stage);
+  e.expected = count;
+  if (count > 0 && !e.posted) {
+    post_receive(e, rank_of(from_stage), edge_tag(from_stage, to_stage),
+                 "the next message from stage " + std::to_string(from_stage) + " to stage " +
+                     std::to_string(to_stage));
+  }
 }
 
 void C10dTransport::flush() {
@@ -337,16 +430,30 @@ void C10dTransport::send_to_rank(at::Tensor value, int64_t to_rank) {
   communication_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+void C10dTransport::post_recv_from_rank(int64_t from_rank, at::Tensor buffer) {
+  const std::string what = "a value from rank " + std::to_string(from_rank);
+  check_not_failed("waiting for " + what);
+  TORCH_CHECK_VALUE(posted_values_.count(from_rank) == 0, "a receive from rank ", from_rank,
+                    " is already posted");
+  std::vector<at::Tensor> tensors{buffer};
+  auto work = post(
+      [&] { return group_.group->recv(tensors, static_cast<int>(from_rank), 2 * num_stages_); },
+      what, from_rank);
+  posted_values_.emplace(from_rank, PostedReceive{std::move(work), std::move(buffer)});
+}
+
 at::Tensor C10dTransport::recv_from_rank(int64_t from_rank, at::Tensor buffer) {
   const std::string what = "a value from rank " + std::to_string(from_rank);
   check_not_failed("waiting for " + what);
-  std::vector<at::Tensor> tensors{buffer};
-  wait(
-      post(
-          [&] { return group_.group->recv(tensors, static_cast<int>(from_rank), 2 * num_stages_); },
-          what, from_rank),
-      what, from_rank);
-  return buffer;
+  auto it = posted_values_.find(from_rank);
+  if (it == posted_values_.end()) {
+    post_recv_from_rank(from_rank, buffer);
+    it = posted_values_.find(from_rank);
+  }
+  const PostedReceive posted = std::move(it->second);
+  posted_values_.erase(it);
+  wait(posted.work, what, from_rank);
+  return posted.buffer;
 }
 
 void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what,

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <exception>
+#include <map>
 #include <utility>
 
 namespace gpipe {
@@ -164,11 +165,20 @@ at::Tensor PipelineStage::step(const Batch& input, const Batch& target) {
       stage->reset_live_peak();
       stage->set_num_microbatches(M);
     }
-    std::vector<at::Tensor> losses(M);
-    schedule::run_actions(plan.actions[rank() % pipeline_size()], by_index_, *transport_,
-                          schedule::StepInputs{inputs, targets, scales, loss_}, losses);
+    // Every receive of the step is posted ahead of need, so a sender never waits for this rank.
+    const auto& actions = plan.actions[rank() % pipeline_size()];
+    std::map<std::pair<int64_t, int64_t>, int64_t> receives;  // per (from, to) stage
+    for (const auto& a : actions) {
+      if (a.kind == schedule::ActionKind::kRecvActivation) ++receives[{a.stage - 1, a.stage}];
+      if (a.kind == schedule::ActionKind::kRecvGradient) ++receives[{a.stage + 1, a.stage}];
+    }
+    for (const auto& [edge, count] : receives) transport_->expect(edge.first, edge.second, count);
     // The loss travels as (value, dtype) in double precision.
     at::Tensor message = at::empty({2}, at::kDouble);
+    if (rank() != last_rank) transport_->post_recv_from_rank(last_rank, message);
+    std::vector<at::Tensor> losses(M);
+    schedule::run_actions(actions, by_index_, *transport_,
+                          schedule::StepInputs{inputs, targets, scales, loss_}, losses);
     if (rank() == last_rank) {
       total = losses[0];
       for (const auto i : c10::irange(1, M)) total = total + losses[i];

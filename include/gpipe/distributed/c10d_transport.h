@@ -103,10 +103,20 @@ class C10dTransport : public schedule::Transport {
   /// same messages.
   void begin_step();
 
+  /// Announces that this step receives `count` more messages on the edge from `from_stage` to
+  /// this rank's `to_stage`: each receive is then posted as soon as the one before has arrived
+  /// (the first now), so a sender never waits for this rank to ask. Throws c10::ValueError for a
+  /// negative count or a stage this rank does not run.
+  void expect(int64_t from_stage, int64_t to_stage, int64_t count);
+
   /// Sends `value` from this rank to `to_rank` outside the stages' edges (e.g. the loss), and
-  /// receives one. Same failure behaviour as send() and recv().
+  /// receives one into `buffer` (or into the buffer of the receive posted ahead with
+  /// post_recv_from_rank, which is returned). Same failure behaviour as send() and recv().
   void send_to_rank(at::Tensor value, int64_t to_rank);
   at::Tensor recv_from_rank(int64_t from_rank, at::Tensor buffer);
+  /// Posts the receive of recv_from_rank(from_rank, ...) now, so the sender need not wait for it.
+  /// Throws c10::ValueError if one from that rank is already posted.
+  void post_recv_from_rank(int64_t from_rank, at::Tensor buffer);
 
   /// Waits until every rank has called barrier(name) (through the store), at most `timeout`.
   /// Throws c10::Error naming rank 0 if the store is lost, or saying how many ranks came.
@@ -127,6 +137,10 @@ class C10dTransport : public schedule::Transport {
   double transfer_seconds() const { return transfer_seconds_; }
   void reset_communication_seconds() { communication_seconds_ = transfer_seconds_ = 0; }
 
+  /// The Gloo messages send() has posted: one per batch, or a header and one per non-empty
+  /// tensor for a batch larger than every earlier one on its edge.
+  int64_t messages_sent() const { return messages_sent_; }
+
   int64_t rank() const { return group_.rank(); }
   int64_t world_size() const { return group_.world_size(); }
   int64_t pipeline_size() const { return pipeline_size_; }
@@ -136,11 +150,24 @@ class C10dTransport : public schedule::Transport {
   }
 
  private:
+  struct PostedReceive {
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor buffer;
+  };
   struct Edge {
     std::optional<MessageMetadata> agreed;  // fixed by the edge's first message
+    // The largest message so far on the edge, in bytes (0 before the first): the receiver posts
+    // buffers of this size (at least a header's), and a batch that fits goes as one message.
+    // Both ends keep it alike.
+    int64_t send_capacity = 0;
+    int64_t recv_capacity = 0;
+    int64_t expected = 0;                 // messages still to come in this step (expect())
+    std::optional<PostedReceive> posted;  // the receive of the next message, posted ahead
   };
 
   Edge& edge(int64_t from_stage, int64_t to_stage);
+  // Posts the receive of the edge's next message into a buffer of its recv_capacity.
+  void post_receive(Edge& e, int64_t peer, int tag, const std::string& what);
   int edge_tag(int64_t from_stage, int64_t to_stage) const;
   // Waits for `work`, abortable by the watcher. On failure records and throws; `what` and
   // `peer` describe what was awaited.
@@ -175,8 +202,10 @@ class C10dTransport : public schedule::Transport {
     std::string what;
   };
   std::vector<Send> sends_;  // outstanding sends
+  std::map<int64_t, PostedReceive> posted_values_;  // post_recv_from_rank, per rank
   double communication_seconds_ = 0;
   double transfer_seconds_ = 0;
+  int64_t messages_sent_ = 0;
   bool reported_ = false;  // this rank recorded a failure
 
   mutable std::mutex mutex_;
