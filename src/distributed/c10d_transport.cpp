@@ -285,6 +285,7 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
   e.send_capacity = std::max(e.send_capacity, bytes);
   const at::Tensor header = encode(kind, tag, from_stage, to_stage, meta, one_message);
   if (one_message) {
+    const auto copying = Clock::now();
     at::Tensor buffer = at::empty({bytes}, at::kByte);
     buffer.narrow(0, 0, kHeaderBytes).view(at::kLong).copy_(header);
     int64_t offset = kHeaderBytes;
@@ -294,6 +295,7 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
       into.copy_(batch[k]);
       offset += (into.nbytes() + kAlignment - 1) / kAlignment * kAlignment;
     }
+    transfer_seconds_ += std::chrono::duration<double>(Clock::now() - copying).count();
     std::vector<at::Tensor> message{buffer};
     ++messages_sent_;
     sends_.push_back({post([&] { return group_.group->send(message, peer, t); }, what.str(), peer),

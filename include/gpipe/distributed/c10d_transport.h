@@ -2,10 +2,18 @@
 // group (Gloo for CPU tensors).
 //
 // Stage s runs on rank s % world_size (or on rank s % P of this rank's block of P ranks, with
-// several pipelines side by side: pipeline_size). Each message is a fixed-size header tensor
-// (int64: kind, micro-batch, stages, and per tensor its dtype and shape) followed by one message
-// per defined tensor, all on the directed edge's own tag, so edges between the same two ranks
-// (interleaved schedules) never mix. Sends are asynchronous: their work is kept until flush().
+// several pipelines side by side: pipeline_size). A batch starts with a fixed-size header (int64:
+// kind, micro-batch, stages, and per tensor its dtype and shape), all on the directed edge's own
+// tag, so edges between the same two ranks (interleaved schedules) never mix. A batch no larger
+// than the largest before it on its edge travels as one message, header and tensors' bytes
+// together, into a buffer of that size (received tensors are views of it); a larger one, such as
+// the edge's first, as the header and then one message per non-empty tensor. Sends are
+// asynchronous: their work is kept until flush().
+//
+// Why one message and receives posted ahead (expect()): Gloo writes a send only once the
+// receiver has posted its receive. Posted on demand, a batch started moving when the receiving
+// rank asked for it, and only after the sending rank's Gloo thread won a core from its compute
+// thread; posted ahead, the sender writes it at once from its own thread.
 //
 // Metadata: the first message on each edge (in each step: begin_step()) fixes the edge's metadata
 // (number of tensors, dtypes, shapes but the batch dimension); each later one must agree, and a
@@ -132,8 +140,9 @@ class C10dTransport : public schedule::Transport {
 
   /// Seconds spent waiting in send, recv and flush since the last reset.
   double communication_seconds() const { return communication_seconds_; }
-  /// Of those, the seconds spent receiving tensors whose header had arrived, and in flush(): the
-  /// data's own movement, without the waits for the peer to compute it.
+  /// Of those, the seconds spent on the data's own movement, without the waits for the peer to
+  /// compute it: copying batches into one-message buffers, receiving tensors whose header had
+  /// arrived, and flush().
   double transfer_seconds() const { return transfer_seconds_; }
   void reset_communication_seconds() { communication_seconds_ = transfer_seconds_ = 0; }
 
