@@ -16,7 +16,6 @@ if [[ "${1:-}" == "--paper" ]]; then
 fi
 bash scripts/setup.sh
 bash scripts/build.sh >/dev/null
-export GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295:glibc.malloc.arena_max=1
 suite=" resnet101_speed amoebanetd_speed amoebanetd_memory unet_speed unet_memory unet_timeline "
 results="$PWD/build/bench-results"
 mkdir -p "$results"

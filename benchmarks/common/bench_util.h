@@ -6,6 +6,8 @@
 // GPU-class machine: a single CPU core would take hours, and memory grows to tens of GiB.
 #pragma once
 
+#include "gpipe/cpu_malloc.h"
+
 #include <c10/util/irange.h>
 #include <nlohmann/json.hpp>
 
@@ -30,9 +32,11 @@ struct Args {
 };
 
 /// Parses argv. Prints the usage and exits 0 on --help; prints an error and exits 2 on a bad or
-/// unknown flag. `about` is the benchmark's one-paragraph description for --help.
+/// unknown flag. `about` is the benchmark's one-paragraph description for --help. Also keeps
+/// freed memory for reuse (gpipe/cpu_malloc.h), for stable timings.
 inline Args parse_args(int argc, char** argv, const std::string& name, const std::string& about,
                        int default_rounds) {
+  gpipe::memory::reuse_freed_cpu_memory();  // stable timings: no page faults from freed memory
   Args args;
   args.rounds = default_rounds;
   args.json = name + ".json";

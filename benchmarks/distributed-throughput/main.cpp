@@ -4,7 +4,8 @@
 // plain model on 1 thread at 2 * M / (M + 1) (1.78x for M = 8); efficiency is the speedup over
 // that bound. Also prints, per rank and step, the time spent in the transport (blocked in sends
 // and receives, which includes waiting for the other rank to compute: the bubble) and, of it,
-// the time moving data (receiving tensors whose header has arrived, and the final flush).
+// the time moving data (receiving tensors whose header has arrived, and the final flush; a batch
+// that travels as one message arrives with its header, so only the bytes copied into it count).
 // Default: 8 x Linear(1024, 1024) + Tanh, batch 2048, M = 8 (micro-batches of 256 rows).
 //
 // Usage: distributed_throughput [--width W] [--layers L] [--batch N] [--chunks M] [--repeats R]
@@ -16,7 +17,8 @@
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, as gpipe_launch would) and waits while they run.
 // OpenBLAS keeps one process-wide thread count: every process sets it to 1 with
 // openblas_set_num_threads where the library has it (see main() for why the in-process runs
-// first run one step with 2). It re-executes itself with GLIBC_TUNABLES set for stable timings.
+// first run one step with 2). Every process keeps freed memory for reuse (gpipe/cpu_malloc.h).
+#include "gpipe/cpu_malloc.h"
 #include "gpipe/distributed/pipeline_stage.h"
 #include "gpipe/schedule/runtime.h"
 
@@ -40,9 +42,6 @@
 #include <vector>
 
 namespace {
-
-constexpr const char* kTunables =
-    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295:glibc.malloc.arena_max=1";
 
 void set_blas_threads(int threads) {
   using SetThreads = void (*)(int);
@@ -131,10 +130,7 @@ int run_rank(const Config& c, const std::string& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!std::getenv("GLIBC_TUNABLES")) {
-    setenv("GLIBC_TUNABLES", kTunables, 1);
-    execv("/proc/self/exe", argv);  // on failure, run without
-  }
+  gpipe::memory::reuse_freed_cpu_memory();
   set_blas_threads(1);
   Config c;
   std::string out;

@@ -13,9 +13,9 @@
 //
 // OpenBLAS keeps one process-wide thread count (at::set_num_threads does not change it), so this
 // program sets it with openblas_set_num_threads where the library has it: 1 for the pipelines and
-// (a), 2 for (b). It re-executes itself with GLIBC_TUNABLES set for stable timings: one malloc
-// arena, because glibc unmaps a thread arena's heap once it empties, so the pipeline's workers
-// would fault every activation's pages back in on each step (6% of a 1F1B step here).
+// (a), 2 for (b). It keeps freed memory for reuse (gpipe/cpu_malloc.h), or the pipelines' worker
+// threads would fault their activations' pages in again on each step (6% of a 1F1B step here).
+#include "gpipe/cpu_malloc.h"
 #include "gpipe/memory.h"
 #include "gpipe/schedule/runtime.h"
 
@@ -36,9 +36,6 @@
 #include <vector>
 
 namespace {
-
-constexpr const char* kTunables =
-    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295:glibc.malloc.arena_max=1";
 
 void set_blas_threads(int threads) {
   using SetThreads = void (*)(int);
@@ -95,10 +92,7 @@ struct Candidate {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!std::getenv("GLIBC_TUNABLES")) {
-    setenv("GLIBC_TUNABLES", kTunables, 1);
-    execv("/proc/self/exe", argv);  // on failure, run without
-  }
+  gpipe::memory::reuse_freed_cpu_memory();
   int64_t width = 1024, layers = 16, batch = 4096, chunks = 8, repeats = 5;
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string flag = argv[k];

@@ -2,9 +2,9 @@
 // balance vs a uniform split, medians measured side by side (interleaved rounds) in one run.
 //
 // Usage: uneven_balance [rounds=15] [partitions=4]
-// For stable CPU timings run with
-//   GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295:glibc.malloc.arena_max=1
+// Keeps freed memory for reuse (gpipe/cpu_malloc.h) for stable CPU timings.
 #include "gpipe/balance/balance.h"
+#include "gpipe/cpu_malloc.h"
 
 #include <torch/torch.h>
 
@@ -88,6 +88,7 @@ std::vector<double> time_stages(std::vector<torch::nn::Sequential>& stages,
 }  // namespace
 
 int main(int argc, char** argv) {
+  gpipe::memory::reuse_freed_cpu_memory();
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 15;
   const int64_t partitions = argc > 2 ? std::atoll(argv[2]) : 4;
   torch::set_num_threads(1);

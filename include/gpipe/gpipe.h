@@ -4,6 +4,7 @@
 #include "gpipe/balance/balance.h"
 #include "gpipe/batchnorm.h"
 #include "gpipe/checkpoint.h"
+#include "gpipe/cpu_malloc.h"
 #include "gpipe/memory.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/pipe.h"

@@ -6,6 +6,8 @@
 #include "launcher.h"
 #include "train.h"
 
+#include "gpipe/cpu_malloc.h"
+
 #include <c10/util/Exception.h>
 
 #include <unistd.h>
@@ -52,6 +54,8 @@ int run(const std::string& command, const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Pipeline workers would otherwise fault their freed activations' pages in again every step.
+  gpipe::memory::reuse_freed_cpu_memory();
   const std::vector<std::string> words(argv + 1, argv + argc);
   if (words.empty()) {
     std::cerr << kUsage;
