@@ -13,6 +13,7 @@
 namespace gpipe {
 namespace {
 
+using balance::balance_by_count;
 using balance::balance_by_size;
 using balance::balance_by_time;
 using balance::BalanceBySizeOptions;
@@ -114,6 +115,17 @@ struct DelayImpl : torch::nn::Cloneable<DelayImpl> {
   double seconds;
 };
 TORCH_MODULE(Delay);
+
+TEST(BalanceTest, ByCount) {
+  EXPECT_EQ(balance_by_count(3, 8), (std::vector<int64_t>{3, 3, 2}));
+  EXPECT_EQ(balance_by_count(2, 16), (std::vector<int64_t>{8, 8}));
+  EXPECT_EQ(balance_by_count(4, 4), (std::vector<int64_t>{1, 1, 1, 1}));
+  EXPECT_EQ(balance_by_count(1, 5), (std::vector<int64_t>{5}));
+  GPIPE_EXPECT_THROW_WITH(balance_by_count(0, 5), c10::ValueError,
+                          "partitions must be a positive integer (0 < 1)");
+  GPIPE_EXPECT_THROW_WITH(balance_by_count(3, 2), c10::ValueError,
+                          "sequence is shorter than intended partitions (2 < 3)");
+}
 
 TEST(BalanceTest, ByTime) {
   torch::nn::Sequential model;

@@ -4,6 +4,7 @@
 
 #include <ATen/Parallel.h>
 
+#include "gpipe/balance/balance.h"
 #include "gpipe/schedule/runtime.h"
 #include "gpipe/schedule/thread_transport.h"
 
@@ -38,9 +39,7 @@ at::Tensor mse(const Batch& output, const Batch& target) {
 }
 
 std::vector<int64_t> even_balance(int64_t stages) {
-  std::vector<int64_t> balance(stages, kLayers / stages);
-  for (int64_t k = 0; k < kLayers % stages; ++k) ++balance[k];
-  return balance;
+  return balance::balance_by_count(stages, kLayers);
 }
 
 bool close(const at::Tensor& actual, const at::Tensor& expected) {

@@ -14,6 +14,7 @@
 #include "common/bench_util.h"
 #include "models/char_gpt.h"
 
+#include "gpipe/balance/balance.h"
 #include "gpipe/memory.h"
 #include "gpipe/pipe.h"
 
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
                               gpipe::CheckpointMode::kAlways}) {
         gpipe::GPipe model(
             sequential,
-            gpipe::GPipeOptions(gpipe::bench::even_balance(L, K)).chunks(M).checkpoint(mode));
+            gpipe::GPipeOptions(gpipe::balance::balance_by_count(K, L)).chunks(M).checkpoint(mode));
         peak[index++] = static_cast<double>(step_peak(model, input, target));
         model->zero_grad();
       }

@@ -93,13 +93,6 @@ inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-/// `layers` layers cut into `partitions` runs of nearly equal length.
-inline std::vector<int64_t> even_balance(int64_t layers, int64_t partitions) {
-  std::vector<int64_t> balance(static_cast<size_t>(partitions), layers / partitions);
-  for (const auto k : c10::irange(layers % partitions)) ++balance[static_cast<size_t>(k)];
-  return balance;
-}
-
 /// "12.35" for fixed(12.345, 2).
 inline std::string fixed(double value, int digits) {
   char buffer[64];

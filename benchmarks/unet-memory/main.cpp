@@ -10,6 +10,7 @@
 
 #include "models/unet.h"
 
+#include "gpipe/balance/balance.h"
 #include "gpipe/memory.h"
 #include "gpipe/pipe.h"
 
@@ -76,8 +77,8 @@ int main(int argc, char** argv) {
   // The paper's model is too big to build just to count its 1077 layers.
   const auto balance =
       args.paper ? std::vector<int64_t>{472, 54, 36, 515}
-                 : bench::even_balance(static_cast<int64_t>(gpipe::models::unet(options)->size()),
-                                       partitions);
+                 : gpipe::balance::balance_by_count(
+                       partitions, static_cast<int64_t>(gpipe::models::unet(options)->size()));
   const int64_t layers = std::accumulate(balance.begin(), balance.end(), int64_t{0});
 
   std::printf(

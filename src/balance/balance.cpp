@@ -15,5 +15,12 @@ std::vector<int64_t> balance_by_size(int64_t partitions, torch::nn::Sequential m
   return block_partition(profile_sizes(module, sample, options), partitions);
 }
 
+std::vector<int64_t> balance_by_count(int64_t partitions, int64_t layers) {
+  detail::check_partitions(layers, partitions);
+  std::vector<int64_t> balance(static_cast<size_t>(partitions), layers / partitions);
+  for (int64_t k = 0; k < layers % partitions; ++k) ++balance[static_cast<size_t>(k)];
+  return balance;
+}
+
 }  // namespace balance
 }  // namespace gpipe

@@ -3,6 +3,7 @@
 #include "model_file.h"
 #include "progress.h"
 
+#include <gpipe/balance/balance.h>
 #include <gpipe/memory.h>
 #include <gpipe/schedule/runtime.h>
 #include <gpipe/trace.h>
@@ -39,12 +40,6 @@ std::vector<c10::Device> parse_devices(const std::string& list) {
 }
 
 // `layers` layers over `stages` stages, the first ones taking one more when it does not divide.
-std::vector<int64_t> even_balance(int64_t layers, int64_t stages) {
-  std::vector<int64_t> balance(static_cast<size_t>(stages), layers / stages);
-  for (int64_t k = 0; k < layers % stages; ++k) ++balance[static_cast<size_t>(k)];
-  return balance;
-}
-
 std::string mib(int64_t bytes) {
   char buffer[32];
   std::snprintf(buffer, sizeof(buffer), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
@@ -188,7 +183,7 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
                      std::to_string(layers) + " layers");
   }
   const TextCorpus corpus = TextCorpus::load(c.data, options.block_size() + 1);
-  const auto balance = even_balance(layers, c.stages);
+  const auto balance = balance::balance_by_count(c.stages, layers);
   auto tracer = std::make_shared<trace::Tracer>();
   auto pipeline_options = schedule::PipelineScheduleOptions(c.chunks)
                               .schedule(schedule::parse_schedule_kind(c.schedule))

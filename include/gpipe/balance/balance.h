@@ -28,6 +28,11 @@ namespace balance {
 std::vector<int64_t> balance_by_time(int64_t partitions, torch::nn::Sequential module,
                                      const Batch& sample, const BalanceByTimeOptions& options = {});
 
+/// `layers` layers split into `partitions` as evenly as counts allow, the first partitions taking
+/// one more where it does not divide: balance_by_count(3, 8) is {3, 3, 2}. For layers of equal
+/// cost, without profiling. Throws c10::ValueError as balance_by_time() does.
+std::vector<int64_t> balance_by_count(int64_t partitions, int64_t layers);
+
 /// The balance into `partitions` that minimises the largest partition's training memory, as
 /// profiled by profile_sizes(). Pass the whole mini-batch as `sample` and the chunks GPipe
 /// will use. The model is left as it was. Throws c10::ValueError as balance_by_time() does.
