@@ -85,7 +85,7 @@ pipeline:
 output:
   --trace FILE            Chrome/Perfetto trace (JSON) of every task
   --timeline FILE         SVG picture of the last --timeline-steps N steps (default 2)
-  --quiet                 no progress line
+  --quiet                 print nothing: no progress line, no summary
 )";
 }
 
