@@ -104,13 +104,18 @@ TEST(DistributedTransportTest, LaterBatchesTravelAsOneMessageIntoPostedReceives)
                                    torch::randint(0, 9, {rows, 3}, torch::kInt8)};
   };
   const std::vector<int64_t> rows{4, 4, 4, 2, 6, 6};
+  // Made here: both ranks are threads of this process and would race for the global generator.
+  std::vector<std::vector<at::Tensor>> batches;
+  for (const auto i : c10::irange(rows.size())) {
+    batches.push_back(batch_of(rows[i], static_cast<int64_t>(i)));
+  }
   // Messages per batch: the split form is a header plus one per non-empty defined tensor.
   const std::vector<int64_t> expected_messages{6, 1, 1, 1, 6, 1};
   run_ranks([&](int64_t rank, C10dTransport& transport) {
     transport.begin_step();
     if (rank == 1) transport.expect(0, 1, static_cast<int64_t>(rows.size()));
     for (const auto i : c10::irange(rows.size())) {
-      const auto sent = batch_of(rows[i], static_cast<int64_t>(i));
+      const auto& sent = batches[i];
       if (rank == 0) {
         const int64_t before = transport.messages_sent();
         transport.send(Batch(sent), 0, 1, static_cast<int64_t>(i));
