@@ -1,6 +1,7 @@
 #include "gpipe/distributed/c10d_transport.h"
 
 #include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
@@ -286,6 +287,7 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
   const at::Tensor header = encode(kind, tag, from_stage, to_stage, meta, one_message);
   if (one_message) {
     const auto copying = Clock::now();
+    at::NoGradGuard no_grad;  // bytes to send, not part of any graph
     at::Tensor buffer = at::empty({bytes}, at::kByte);
     buffer.narrow(0, 0, kHeaderBytes).view(at::kLong).copy_(header);
     int64_t offset = kHeaderBytes;

@@ -113,8 +113,10 @@ class C10dTransport : public schedule::Transport {
 
   /// Announces that this step receives `count` more messages on the edge from `from_stage` to
   /// this rank's `to_stage`: each receive is then posted as soon as the one before has arrived
-  /// (the first now), so a sender never waits for this rank to ask. Throws c10::ValueError for a
-  /// negative count or a stage this rank does not run.
+  /// (the first now), so a sender never waits for this rank to ask. Announce only batches that
+  /// will come: a receive posted for one that does not would take the edge's next message, even
+  /// a later transport's on the same group. Throws c10::ValueError for a negative count or a
+  /// stage this rank does not run.
   void expect(int64_t from_stage, int64_t to_stage, int64_t count);
 
   /// Sends `value` from this rank to `to_rank` outside the stages' edges (e.g. the loss), and
