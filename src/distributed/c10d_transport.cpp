@@ -108,18 +108,34 @@ bool fits(const MessageMetadata& grad, const MessageMetadata& activation) {
   return true;
 }
 
-// The bytes of a batch sent as one message: the header, then each tensor's data (aligned).
-// Sender and receiver compute it alike from the metadata.
-int64_t message_bytes(const MessageMetadata& meta) {
-  int64_t total = kHeaderBytes;
+// Where a batch's tensors sit in its one message: after the header, each defined tensor's data
+// at a 64-byte-aligned offset (-1 for an undefined tensor); `bytes` in all. Sender and receiver
+// compute it alike from the metadata.
+struct MessageLayout {
+  std::vector<int64_t> offsets;
+  int64_t bytes = kHeaderBytes;
+};
+
+MessageLayout layout_of(const MessageMetadata& meta) {
+  MessageLayout layout;
   for (const auto k : c10::irange(meta.dtypes.size())) {
-    if (meta.dtypes[k] == kUndefined) continue;
-    const int64_t numel = c10::multiply_integers(meta.shapes[k]);
-    const int64_t size = numel * static_cast<int64_t>(c10::elementSize(
-                                     static_cast<c10::ScalarType>(meta.dtypes[k])));
-    total += (size + kAlignment - 1) / kAlignment * kAlignment;
+    if (meta.dtypes[k] == kUndefined) {
+      layout.offsets.push_back(-1);
+      continue;
+    }
+    layout.offsets.push_back(layout.bytes);
+    const int64_t size =
+        c10::multiply_integers(meta.shapes[k]) *
+        static_cast<int64_t>(c10::elementSize(static_cast<c10::ScalarType>(meta.dtypes[k])));
+    layout.bytes += (size + kAlignment - 1) / kAlignment * kAlignment;
   }
-  return total;
+  return layout;
+}
+
+// What a receive posted ahead waits for, in errors.
+std::string next_message(int64_t from_stage, int64_t to_stage) {
+  return "the next message from stage " + std::to_string(from_stage) + " to stage " +
+         std::to_string(to_stage);
 }
 
 // The bytes of `buffer` at `offset` as a tensor of `dtype` and `shape` (a view, no copy).
@@ -281,21 +297,18 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
   // One message when it fits the buffer the receiver posts (both ends know its size), so that
   // a receive posted ahead takes the whole batch as soon as it is sent; else the header, then
   // one message per tensor.
-  const int64_t bytes = message_bytes(meta);
-  const bool one_message = bytes <= e.send_capacity;
-  e.send_capacity = std::max(e.send_capacity, bytes);
+  const MessageLayout layout = layout_of(meta);
+  const bool one_message = layout.bytes <= e.send_capacity;
+  e.send_capacity = std::max(e.send_capacity, layout.bytes);
   const at::Tensor header = encode(kind, tag, from_stage, to_stage, meta, one_message);
   if (one_message) {
     const auto copying = Clock::now();
     at::NoGradGuard no_grad;  // bytes to send, not part of any graph
-    at::Tensor buffer = at::empty({bytes}, at::kByte);
+    at::Tensor buffer = at::empty({layout.bytes}, at::kByte);
     buffer.narrow(0, 0, kHeaderBytes).view(at::kLong).copy_(header);
-    int64_t offset = kHeaderBytes;
     for (const auto k : c10::irange(meta.dtypes.size())) {
-      if (meta.dtypes[k] == kUndefined) continue;
-      at::Tensor into = view_bytes(buffer, offset, meta.dtypes[k], meta.shapes[k]);
-      into.copy_(batch[k]);
-      offset += (into.nbytes() + kAlignment - 1) / kAlignment * kAlignment;
+      if (layout.offsets[k] < 0) continue;  // undefined
+      view_bytes(buffer, layout.offsets[k], meta.dtypes[k], meta.shapes[k]).copy_(batch[k]);
     }
     transfer_seconds_ += std::chrono::duration<double>(Clock::now() - copying).count();
     std::vector<at::Tensor> message{buffer};
@@ -357,16 +370,16 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
                       ", but the activation was ", describe(it->second));
     sent_.erase(it);
   }
+  const MessageLayout layout = layout_of(h.meta);
   std::vector<at::Tensor> tensors;
-  int64_t offset = kHeaderBytes;
   for (const auto k : c10::irange(h.meta.dtypes.size())) {
     if (h.meta.dtypes[k] == kUndefined) {
       tensors.emplace_back();
       continue;
     }
     if (h.one_message) {
-      tensors.push_back(view_bytes(posted.buffer, offset, h.meta.dtypes[k], h.meta.shapes[k]));
-      offset += (tensors.back().nbytes() + kAlignment - 1) / kAlignment * kAlignment;
+      tensors.push_back(
+          view_bytes(posted.buffer, layout.offsets[k], h.meta.dtypes[k], h.meta.shapes[k]));
       continue;
     }
     at::Tensor x =
@@ -382,10 +395,8 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
     }
     tensors.push_back(std::move(x));
   }
-  e.recv_capacity = std::max(e.recv_capacity, message_bytes(h.meta));
-  if (e.expected > 0) post_receive(e, peer, t, "the next message from stage " +
-                                                   std::to_string(from_stage) + " to stage " +
-                                                   std::to_string(to_stage));
+  e.recv_capacity = std::max(e.recv_capacity, layout.bytes);
+  if (e.expected > 0) post_receive(e, peer, t, next_message(from_stage, to_stage));
   if (h.meta.atomic && tensors.size() == 1) return Batch(std::move(tensors[0]));
   return Batch(std::move(tensors));
 }
@@ -405,8 +416,7 @@ void C10dTransport::expect(int64_t from_stage, int64_t to_stage, int64_t count) 
   e.expected = count;
   if (count > 0 && !e.posted) {
     post_receive(e, rank_of(from_stage), edge_tag(from_stage, to_stage),
-                 "the next message from stage " + std::to_string(from_stage) + " to stage " +
-                     std::to_string(to_stage));
+                 next_message(from_stage, to_stage));
   }
 }
 
