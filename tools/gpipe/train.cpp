@@ -39,7 +39,6 @@ std::vector<c10::Device> parse_devices(const std::string& list) {
   return devices;
 }
 
-// `layers` layers over `stages` stages, the first ones taking one more when it does not divide.
 std::string mib(int64_t bytes) {
   char buffer[32];
   std::snprintf(buffer, sizeof(buffer), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
