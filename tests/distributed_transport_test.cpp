@@ -148,6 +148,25 @@ TEST(DistributedTransportTest, ExpectRejectsBadArguments) {
   });
 }
 
+// A value's receive posted ahead takes the value; recv_from_rank returns its buffer.
+TEST(DistributedTransportTest, ValueReceivePostedAhead) {
+  const at::Tensor value = torch::tensor({1.5, 2.0}, torch::kDouble);
+  run_ranks([&](int64_t rank, C10dTransport& transport) {
+    if (rank == 0) {
+      transport.send_to_rank(value, 1);
+      transport.flush();
+      return;
+    }
+    const at::Tensor posted = at::zeros({2}, at::kDouble);
+    transport.post_recv_from_rank(0, posted);
+    GPIPE_EXPECT_THROW_WITH(transport.post_recv_from_rank(0, at::zeros({2}, at::kDouble)),
+                            c10::ValueError, "a receive from rank 0 is already posted");
+    const at::Tensor got = transport.recv_from_rank(0, at::zeros({2}, at::kDouble));
+    EXPECT_TRUE(got.is_same(posted));
+    EXPECT_TRUE(testing::bitwise_equal(got, value));
+  });
+}
+
 TEST(DistributedTransportTest, ShapeMismatchFailsOnBothSides) {
   std::string sender, receiver;
   run_ranks([&](int64_t rank, C10dTransport& transport) {
