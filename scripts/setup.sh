@@ -1,27 +1,49 @@
 #!/usr/bin/env bash
-# Installs every Debian package gpipe needs; quick when they are all present already.
+# Installs what gpipe needs on a Debian 12 machine; quick (and silent) when all is present.
+#
+#   bash scripts/setup.sh [wheel|debian]     (default: $GPIPE_LIBTORCH, else wheel)
+#
+# wheel:  LibTorch 2.11.0 with CUDA 13.0, from PyPI's `torch` wheel, in a virtual environment
+#         outside the source tree ($GPIPE_VENV, default ~/.cache/gpipe/venv). Gloo's headers, which
+#         the wheel leaves out, come from Debian's libgloo-dev.
+# debian: Debian's LibTorch 1.13 (CPU) from libtorch-dev.
+# Both need the Debian packages below.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/libtorch.sh
+libtorch=$(gpipe_libtorch "${1:-}")
 
 packages=(
-  cmake ninja-build g++ pkg-config
-  libtorch-dev          # LibTorch 1.13 (CPU), with c10d
+  cmake ninja-build g++ pkg-config python3-venv
   libgloo-dev           # the Gloo headers c10d's ProcessGroupGloo needs
   libopenblas0-pthread  # a fast BLAS in place of the reference one
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libtinyxml2-dev  # traces and benchmark reports (JSON), timelines (SVG)
 )
+if [[ "$libtorch" == debian ]]; then
+  packages+=(libtorch-dev)  # LibTorch 1.13 (CPU), with c10d
+fi
 
 missing=()
 for package in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$package")
 done
-if ((${#missing[@]} == 0)); then
-  exit 0
+if ((${#missing[@]} > 0)); then
+  sudo=""
+  if [[ $(id -u) -ne 0 ]]; then sudo=sudo; fi
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}"
 fi
 
-sudo=""
-if [[ $(id -u) -ne 0 ]]; then sudo=sudo; fi
-echo "setup: installing ${missing[*]}"
-$sudo apt-get update -q
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}"
+if [[ "$libtorch" == wheel ]]; then
+  venv=$(gpipe_venv)
+  # The installed version, without importing torch (which takes seconds).
+  installed=$("$venv/bin/python" -c "from importlib.metadata import version; print(version('torch'))" 2>/dev/null || true)
+  if [[ "${installed%%+*}" != "$GPIPE_TORCH_VERSION" ]]; then
+    echo "setup: installing torch==$GPIPE_TORCH_VERSION into $venv (about 4.6 GB; a few minutes)"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "torch==$GPIPE_TORCH_VERSION"
+  fi
+fi

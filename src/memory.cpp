@@ -1,8 +1,15 @@
 #include "gpipe/memory.h"
 
+#include "gpipe/compat.h"
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
+
+#if GPIPE_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include <atomic>
 #include <cstring>
@@ -59,7 +66,7 @@ void tracked_delete(void* data) {
 
 class TrackingCPUAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t nbytes) const override {
+  c10::DataPtr allocate(size_t nbytes) GPIPE_ALLOCATE_CONST override {
     const c10::Device cpu(c10::kCPU);
     if (nbytes == 0) return {nullptr, nullptr, &tracked_delete, cpu};
     c10::DataPtr inner = g_inner->allocate(nbytes + kHeader);
@@ -137,6 +144,66 @@ int64_t cpu_current_bytes(int64_t tag) {
 int64_t cpu_peak_bytes(int64_t tag) {
   check_tag(tag);
   return g_tag_peak[tag].load(std::memory_order_relaxed);
+}
+
+namespace {
+
+void check_device_type(c10::Device device) {
+  TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(),
+                    "memory statistics exist for CPU and CUDA devices, not for ", device);
+#if !GPIPE_WITH_CUDA
+  TORCH_CHECK(device.is_cpu(), "no memory statistics for ", device,
+              ": this gpipe was built with a LibTorch without CUDA");
+#endif
+}
+
+#if GPIPE_WITH_CUDA
+c10::DeviceIndex cuda_index(c10::Device device) {
+  const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+  const c10::DeviceIndex count = c10::cuda::device_count();
+  TORCH_CHECK(index >= 0 && index < count, "no memory statistics for ", device, ": ",
+              static_cast<int>(count), " CUDA device(s) present");
+  return index;
+}
+
+// The caching allocator's bytes in tensors, summed over its pools.
+c10::CachingAllocator::Stat allocated(c10::Device device) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(cuda_index(device));
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+}
+#endif
+
+}  // namespace
+
+int64_t current_bytes(c10::Device device) {
+  check_device_type(device);
+  if (device.is_cpu()) return cpu_current_bytes();
+#if GPIPE_WITH_CUDA
+  return allocated(device).current;
+#else
+  return 0;  // unreachable: check_device_type threw
+#endif
+}
+
+int64_t peak_bytes(c10::Device device) {
+  check_device_type(device);
+  if (device.is_cpu()) return cpu_peak_bytes();
+#if GPIPE_WITH_CUDA
+  return allocated(device).peak;
+#else
+  return 0;  // unreachable: check_device_type threw
+#endif
+}
+
+void reset_peak(c10::Device device) {
+  check_device_type(device);
+  if (device.is_cpu()) {
+    reset_cpu_peak();
+    return;
+  }
+#if GPIPE_WITH_CUDA
+  c10::cuda::CUDACachingAllocator::resetPeakStats(cuda_index(device));
+#endif
 }
 
 }  // namespace memory

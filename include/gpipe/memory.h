@@ -1,5 +1,6 @@
 // Memory accounting: exact current and peak bytes of CPU tensor memory, through a tracking
-// allocator installed in front of c10's CPU allocator.
+// allocator installed in front of c10's CPU allocator; for CUDA devices, the statistics of
+// c10's CUDA caching allocator behind the same device-generic calls.
 //
 // install_tracking_cpu_allocator() wraps the CPU allocator that c10 uses at that moment
 // (c10::GetCPUAllocator()) and installs the wrapper with c10::SetCPUAllocator. From then on every
@@ -7,14 +8,16 @@
 // was allocated before the installation is never counted, not even when it is freed. Memory that
 // libraries allocate on their own (BLAS or oneDNN scratch space, the C++ heap) is not counted.
 //
-// CUDA: the statistics of c10's CUDA caching allocator are declared in
-// c10/cuda/CUDACachingAllocator.h, which needs the CUDA toolkit's headers; gpipe builds without
-// them, so there are no CUDA counters here.
+// CUDA: current_bytes(device) and peak_bytes(device) read the caching allocator's allocated
+// bytes of that device (torch.cuda.memory_allocated / max_memory_allocated): every tensor on the
+// device, from any thread. They count whole device-wide; tags are CPU-only.
 //
 // Thread safety: every function may be called from any thread. The counters are atomics, so
 // allocations on many threads at once are counted exactly; a reading taken while other threads
 // allocate is a consistent value at some instant.
 #pragma once
+
+#include <c10/core/Device.h>
 
 #include <cstdint>
 
@@ -61,6 +64,19 @@ class ScopedTag {
 /// last reset_cpu_peak(). Throw c10::IndexError unless 0 <= tag < kMaxTags.
 int64_t cpu_current_bytes(int64_t tag);
 int64_t cpu_peak_bytes(int64_t tag);
+
+/// Bytes of tensor memory allocated on `device` and not yet freed: cpu_current_bytes() for the
+/// CPU, the caching allocator's allocated bytes for a CUDA device ("cuda" is the current one).
+/// Throws c10::ValueError for another device type, c10::Error for CUDA in a build without CUDA
+/// or where the device does not exist.
+int64_t current_bytes(c10::Device device);
+
+/// The highest current_bytes(device) since the last reset_peak(device) (for CPU: since
+/// installation or reset_cpu_peak()). Throws as current_bytes() does.
+int64_t peak_bytes(c10::Device device);
+
+/// Sets the peak of `device` to its current bytes (for CPU: reset_cpu_peak()).
+void reset_peak(c10::Device device);
 
 }  // namespace memory
 }  // namespace gpipe

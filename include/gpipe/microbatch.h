@@ -3,8 +3,9 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <torch/nn/modules/container/any_value.h>
 #include <torch/nn/modules/container/sequential.h>
+// After sequential.h: LibTorch 1.13's any_value.h does not compile alone.
+#include <torch/nn/modules/container/any_value.h>
 
 #include <string>
 #include <vector>

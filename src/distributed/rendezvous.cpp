@@ -1,7 +1,13 @@
 #include "gpipe/distributed/rendezvous.h"
 
+// LibTorch's own build defines this where it has Gloo (Debian's and the wheel's do); the Gloo
+// backend's header is empty without it.
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO
+#endif
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
@@ -60,10 +66,8 @@ ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeou
   return result;
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> new_group(const ProcessGroup& world,
-                                                 const std::vector<int64_t>& ranks,
-                                                 const std::string& name,
-                                                 std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<Backend> new_group(const ProcessGroup& world, const std::vector<int64_t>& ranks,
+                                      const std::string& name, std::chrono::milliseconds timeout) {
   const auto it = std::find(ranks.begin(), ranks.end(), world.rank());
   TORCH_CHECK_VALUE(it != ranks.end(), "rank ", world.rank(), " is not among the ranks of group '",
                     name, "'");

@@ -43,7 +43,7 @@ class ReplicaGroup {
  private:
   std::vector<int64_t> ranks_;
   std::string name_;
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;  // null for one replica
+  c10::intrusive_ptr<Backend> group_;  // null for one replica
 };
 
 }  // namespace distributed

@@ -4,20 +4,16 @@
 // waits until all WORLD_SIZE ranks have joined. Over that store the ranks build a
 // c10d::ProcessGroupGloo (full mesh of TCP connections) for CPU tensors. Gloo binds to the
 // interface named by GLOO_SOCKET_IFNAME if set, to loopback when MASTER_ADDR is a loopback
-// address, and otherwise to the address this machine's hostname resolves to.
+// address, and otherwise to the address this machine's hostname resolves to. CUDA tensors travel
+// over NCCL backends made on demand over the same store (new_nccl_backend).
 //
 // Thread safety: the store is safe to use from several threads (TCPStore serializes its calls);
 // the process group's calls are issued by one thread at a time (the pipeline's worker).
 #pragma once
 
+#include "gpipe/distributed/backend.h"
 #include "gpipe/distributed/environment.h"
 
-// LibTorch's CMake configuration defines this where LibTorch has Gloo (Debian's does); the Gloo
-// process group's header is empty without it.
-#ifndef USE_C10D_GLOO
-#define USE_C10D_GLOO
-#endif
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
@@ -34,7 +30,7 @@ namespace distributed {
 struct ProcessGroup {
   Environment environment;
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<Backend> group;  ///< Gloo, for CPU tensors
   /// How many transports (c10d_transport.h) have been made over this group, to give each its
   /// own keys in the store.
   std::shared_ptr<std::atomic<int64_t>> transports = std::make_shared<std::atomic<int64_t>>(0);
@@ -52,10 +48,20 @@ ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeou
 /// rendezvous keys go under `name` in the world's store. Only the members call it, each with
 /// the same ranks and name; a name is used once. Returns this rank's group, in which rank k is
 /// ranks[k]. Throws c10::ValueError unless this rank is among `ranks`.
-c10::intrusive_ptr<c10d::ProcessGroup> new_group(const ProcessGroup& world,
-                                                 const std::vector<int64_t>& ranks,
-                                                 const std::string& name,
-                                                 std::chrono::milliseconds timeout);
+c10::intrusive_ptr<Backend> new_group(const ProcessGroup& world, const std::vector<int64_t>& ranks,
+                                      const std::string& name, std::chrono::milliseconds timeout);
+
+/// True if this gpipe was built with a LibTorch that has CUDA and NCCL (the `torch` wheel's).
+bool nccl_available();
+
+/// A NCCL backend among all ranks of `world`, for CUDA tensors on this rank's current CUDA
+/// device, whose keys go under `name` in the world's store. Every rank calls it with the same
+/// name, once per name; it talks to nobody until its first send or receive. NCCL matches the
+/// messages between two ranks in the order they are posted (it has no tags), so each stream of
+/// messages that must not mix with another needs a backend of its own. NCCL's own watchdog
+/// gives up on an operation after `timeout`. Throws c10::Error unless nccl_available().
+c10::intrusive_ptr<Backend> new_nccl_backend(const ProcessGroup& world, const std::string& name,
+                                             std::chrono::milliseconds timeout);
 
 }  // namespace distributed
 }  // namespace gpipe

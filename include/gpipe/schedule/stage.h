@@ -98,7 +98,7 @@ class Stage {
     Batch output;  // the scaled loss on the last stage
     // Set by backward_input(): where backward_weight() starts, and with which gradients.
     bool input_done = false;
-    torch::autograd::edge_list weight_roots = {};
+    std::vector<torch::autograd::Edge> weight_roots = {};
     std::vector<at::Tensor> weight_grads = {};
   };
 
