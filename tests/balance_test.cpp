@@ -339,6 +339,19 @@ TEST(BalanceTest, BySizeLatent) {
             2 * activation / 5);
 }
 
+// On a GPU the caching allocator measures, in whole 512-byte blocks: 400,000 bytes take 400,384.
+TEST(BalanceTest, BySizeLatentOnCuda_CUDA) {
+  GPIPE_REQUIRE_CUDA(1);
+  const auto sample = torch::rand({10, 100, 100}, torch::kCUDA);
+  torch::nn::Sequential model;
+  for (int k = 1; k <= 6; ++k) model->push_back(Expand(k));
+  model->to(torch::kCUDA);
+  const auto sizes = balance::profile_sizes(model, sample);
+  const int64_t activation = (10 * 100 * 100 * 4 + 511) / 512 * 512;
+  for (int k = 0; k < 6; ++k) EXPECT_EQ(sizes[k], (k + 2) * activation) << k;
+  EXPECT_EQ(balance_by_size(2, model, sample), (std::vector<int64_t>{4, 2}));
+}
+
 TEST(BalanceTest, BySizeParam) {
   torch::nn::Sequential model;
   for (int k = 0; k < 6; ++k) model->push_back(torch::nn::Linear(k + 1, k + 2));

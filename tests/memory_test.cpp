@@ -123,5 +123,49 @@ TEST(MemoryTest, TagOutOfRange) {
   GPIPE_EXPECT_THROW_WITH(memory::cpu_peak_bytes(-1), c10::IndexError, "memory tag -1");
 }
 
+// The device-generic calls read the tracking allocator for the CPU.
+TEST(MemoryTest, CpuDeviceStatisticsAreTheTrackingAllocators) {
+  memory::install_tracking_cpu_allocator();
+  const torch::Device cpu(torch::kCPU);
+  memory::reset_peak(cpu);
+  const int64_t before = memory::current_bytes(cpu);
+  EXPECT_EQ(before, cpu_current_bytes());
+  {
+    torch::Tensor a = torch::empty({1 << 16}, torch::kFloat);
+    EXPECT_EQ(memory::current_bytes(cpu), before + (1 << 18));
+  }
+  EXPECT_EQ(memory::current_bytes(cpu), before);
+  EXPECT_EQ(memory::peak_bytes(cpu), before + (1 << 18));
+  EXPECT_EQ(memory::peak_bytes(cpu), cpu_peak_bytes());
+  memory::reset_peak(cpu);
+  EXPECT_EQ(memory::peak_bytes(cpu), before);
+}
+
+TEST(MemoryTest, DeviceStatisticsNameAnUnsupportedDevice) {
+  GPIPE_EXPECT_THROW_WITH(memory::current_bytes(torch::Device(torch::kMeta)), c10::ValueError,
+                          "memory statistics exist for CPU and CUDA devices, not for meta");
+  if (!torch::cuda::is_available()) {
+    // Without CUDA in LibTorch, or without a device: an error that says which, never a zero.
+    EXPECT_THROW(memory::peak_bytes(torch::Device(torch::kCUDA, 0)), c10::Error);
+  }
+}
+
+// On CUDA the caching allocator's allocated bytes of the device.
+TEST(MemoryTest, CudaDeviceStatisticsCountTensors_CUDA) {
+  GPIPE_REQUIRE_CUDA(1);
+  const torch::Device cuda(torch::kCUDA, 0);
+  const int64_t before = memory::current_bytes(cuda);
+  memory::reset_peak(cuda);
+  {
+    torch::Tensor a = torch::empty({1 << 20}, torch::TensorOptions(cuda).dtype(torch::kFloat));
+    EXPECT_EQ(memory::current_bytes(cuda), before + (4 << 20));
+    EXPECT_EQ(memory::current_bytes(torch::kCUDA), before + (4 << 20));  // the current device
+  }
+  EXPECT_EQ(memory::current_bytes(cuda), before);
+  EXPECT_EQ(memory::peak_bytes(cuda), before + (4 << 20));
+  memory::reset_peak(cuda);
+  EXPECT_EQ(memory::peak_bytes(cuda), before);
+}
+
 }  // namespace
 }  // namespace gpipe

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "gpipe/cpu_malloc.h"
+#include "gpipe/memory.h"
 
 #include <c10/util/irange.h>
 #include <nlohmann/json.hpp>
@@ -111,6 +112,38 @@ inline std::string list(const std::vector<int64_t>& values) {
   out << "]";
   return out.str();
 }
+
+/// The peak memory of what runs between start() and peak() on some devices, above what they
+/// held at start(), summed over the devices (each counted once): the tracking allocator's bytes
+/// for the CPU (install it first), the caching allocator's for a CUDA device.
+class PeakMeter {
+ public:
+  explicit PeakMeter(const std::vector<c10::Device>& devices) {
+    for (const auto& device : devices) {
+      if (std::find(devices_.begin(), devices_.end(), device) == devices_.end()) {
+        devices_.push_back(device);
+      }
+    }
+  }
+  void start() {
+    before_.clear();
+    for (const auto& device : devices_) {
+      before_.push_back(memory::current_bytes(device));
+      memory::reset_peak(device);
+    }
+  }
+  int64_t peak() const {
+    int64_t total = 0;
+    for (size_t k = 0; k < devices_.size(); ++k) {
+      total += memory::peak_bytes(devices_[k]) - before_[k];
+    }
+    return total;
+  }
+
+ private:
+  std::vector<c10::Device> devices_;
+  std::vector<int64_t> before_;
+};
 
 /// A table printed with aligned columns: the first left-aligned, the others right-aligned.
 class Table {

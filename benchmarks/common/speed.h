@@ -110,8 +110,8 @@ inline void run_side_by_side(std::vector<Contender>& contenders, const ModelFact
     auto data = make_data(contender.batch, devices.front(), devices.back());
     Contender* self = &contender;
     steps.push_back([=] {
-      const int64_t before = memory::cpu_current_bytes();
-      memory::reset_cpu_peak();
+      PeakMeter meter(devices);
+      meter.start();
       const auto start = std::chrono::steady_clock::now();
       torch::Tensor loss = loss_function(forward(data.first), data.second);
       loss.backward();
@@ -119,7 +119,7 @@ inline void run_side_by_side(std::vector<Contender>& contenders, const ModelFact
       optimizer->zero_grad();
       synchronize();
       self->seconds.push_back(seconds_since(start));
-      self->peak_mib.push_back(mib(static_cast<double>(memory::cpu_peak_bytes() - before)));
+      self->peak_mib.push_back(mib(static_cast<double>(meter.peak())));
     });
   }
   for (auto& step : steps) step();  // warm-up

@@ -170,21 +170,23 @@ std::vector<int64_t> profile_sizes(torch::nn::Sequential module, const Batch& sa
   TORCH_CHECK_VALUE(options.param_scale() >= 0,
                     "param_scale must be non-negative (param_scale: ", options.param_scale(), ")");
   check(sample);
-  memory::install_tracking_cpu_allocator();
-  const c10::Device cpu(c10::kCPU);
-  Batch batch = to_device(scatter(sample, options.chunks())[0], cpu);
+  // Measured where the sample is: a CUDA device's caching allocator, else the tracking allocator.
+  c10::Device device = detail::normalize_device(sample[0].device());
+  if (!device.is_cuda()) device = c10::Device(c10::kCPU);
+  if (device.is_cpu()) memory::install_tracking_cpu_allocator();
+  Batch batch = to_device(scatter(sample, options.chunks())[0], device);
   const auto names = module->named_children().keys();
   torch::AutoGradMode grad_mode(true);
 
   std::vector<int64_t> sizes;
   auto layer = module->begin();
   for (const auto k : c10::irange(module->size())) {
-    LayerSandbox sandbox(k, names[k], *layer++, cpu);
+    LayerSandbox sandbox(k, names[k], *layer++, device);
     detach(batch);
 
-    const int64_t before = memory::cpu_current_bytes();
+    const int64_t before = memory::current_bytes(device);
     batch = batch.call(sandbox.sequential(), "layer " + std::to_string(k));
-    const int64_t latent = std::max<int64_t>(memory::cpu_current_bytes() - before, 0);
+    const int64_t latent = std::max<int64_t>(memory::current_bytes(device) - before, 0);
 
     std::unordered_set<const void*> storages;
     int64_t parameter_bytes = 0;

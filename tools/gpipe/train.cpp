@@ -215,7 +215,12 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.seed) + 1);
   ProgressBar progress(out, c.steps, c.batch_size, interactive);
   TrainReport report;
+  // A CPU stage's peak counts what its tasks allocate (the tracking allocator's tags); a CUDA
+  // stage's is its device's (the caching allocator's), shared by the stages on that device.
+  std::vector<c10::Device> stage_devices(c.stages, c10::Device(c10::kCPU));
+  for (int64_t s = 0; s < c.stages && !c.devices.empty(); ++s) stage_devices[s] = c.devices[s];
   memory::reset_cpu_peak();
+  for (const auto& device : stage_devices) memory::reset_peak(device);
   // Each step's events are drained as it ends: the bubble adds up step by step, and only what
   // --trace or --timeline will write is kept, so a long run does not pile up events.
   trace::Utilization steady;  // the first step warms up allocators and threads: left out
@@ -240,7 +245,9 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.samples_per_second = static_cast<double>(c.steps * c.batch_size) / report.seconds;
   for (int64_t s = 0; s < c.stages && s < memory::kMaxTags; ++s) {
-    report.peak_bytes_per_stage.push_back(memory::cpu_peak_bytes(s));
+    const c10::Device& device = stage_devices[s];
+    report.peak_bytes_per_stage.push_back(device.is_cpu() ? memory::cpu_peak_bytes(s)
+                                                          : memory::peak_bytes(device));
   }
 
   report.bubble_fraction = steady.bubble_fraction();
@@ -275,9 +282,10 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
                 static_cast<long long>(c.steps), report.seconds, report.samples_per_second,
                 report.samples_per_second * static_cast<double>(options.block_size()),
                 average(0, window), average(n - window, n), window);
-  out << line << "peak memory per stage (allocated by its tasks):";
+  out << line << "peak memory per stage (allocated by its tasks; on a GPU, by its device):";
   for (size_t s = 0; s < report.peak_bytes_per_stage.size(); ++s) {
     out << (s ? "," : "") << " stage " << s << " " << mib(report.peak_bytes_per_stage[s]);
+    if (!stage_devices[s].is_cpu()) out << " (" << stage_devices[s] << ")";
   }
   std::snprintf(line, sizeof(line),
                 "\nbubble: %.1f%% of worker time idle (%s bound %.1f%%); %lld tasks traced\n",

@@ -68,10 +68,11 @@ std::vector<int64_t> profile_times(torch::nn::Sequential module, const Batch& sa
 /// keeps allocated (output and tensors saved for backward), plus param_scale times the bytes of
 /// its parameters.
 ///
-/// Measured on CPU with the tracking allocator (memory.h; installed if it was not): layers and
-/// sample on another device (CUDA) are profiled on a CPU copy, since the tensors a forward keeps
-/// are the same on every device. Throws c10::ValueError for bad options, or for a layer that
-/// cannot be cloned and is not on CPU.
+/// Measured where the sample is (memory.h): on a CUDA device with its caching allocator (whose
+/// sizes are rounded to its blocks, as torchgpipe measures), on the CPU with the tracking
+/// allocator (installed if it was not); a sample on another device is profiled on a CPU copy.
+/// Throws c10::ValueError for bad options, or for a layer that cannot be cloned and is not on
+/// that device.
 std::vector<int64_t> profile_sizes(torch::nn::Sequential module, const Batch& sample,
                                    const BalanceBySizeOptions& options = {});
 
