@@ -4,6 +4,7 @@
 #include "test_util.h"
 
 #include "gpipe/distributed/c10d_transport.h"
+#include "gpipe/distributed/pipeline_stage.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -61,6 +62,26 @@ void run_ranks(
   for (const auto& error : errors) {
     if (error) std::rethrow_exception(error);
   }
+}
+
+// A transport moves CPU tensors over Gloo and CUDA tensors over NCCL, nothing else; CUDA needs a
+// LibTorch with NCCL (the wheel's, not Debian's). A rank without a GPU defaults to the CPU.
+TEST(DistributedTransportTest, DeviceIsOneItCanMove) {
+  Environment env;
+  env.master_addr = "127.0.0.1";
+  env.master_port = free_port();
+  ProcessGroup group = rendezvous(env, std::chrono::seconds(20));
+  GPIPE_EXPECT_THROW_WITH(C10dTransport(group, 1, C10dTransportOptions().device(torch::kMeta)),
+                          c10::ValueError, "not meta tensors");
+  if (!nccl_available()) {
+    GPIPE_EXPECT_THROW_WITH(
+        C10dTransport(group, 1, C10dTransportOptions().device(torch::Device(torch::kCUDA, 0))),
+        c10::Error, "without NCCL");
+    EXPECT_THROW(new_nccl_backend(group, "x", std::chrono::seconds(1)), c10::Error);
+  }
+  C10dTransport transport(group, 1);
+  EXPECT_EQ(transport.device(), torch::Device(torch::kCPU));
+  if (!torch::cuda::is_available()) EXPECT_EQ(default_device(env), torch::Device(torch::kCPU));
 }
 
 TEST(DistributedTransportTest, BatchesArriveWholeBothWays) {
@@ -141,9 +162,9 @@ TEST(DistributedTransportTest, ExpectRejectsBadArguments) {
   run_ranks([&](int64_t rank, C10dTransport& transport) {
     if (rank == 1) {
       GPIPE_EXPECT_THROW_WITH(transport.expect(0, 1, -1), c10::ValueError,
-                       "count must be non-negative, but got -1");
+                              "count must be non-negative, but got -1");
       GPIPE_EXPECT_THROW_WITH(transport.expect(1, 0, 1), c10::ValueError,
-                       "rank 1 cannot receive for stage 0, which rank 0 runs");
+                              "rank 1 cannot receive for stage 0, which rank 0 runs");
     }
   });
 }

@@ -1,5 +1,7 @@
 #include "gpipe/distributed/c10d_transport.h"
 
+#include "gpipe/stream.h"
+
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -9,6 +11,7 @@
 #include <exception>
 #include <functional>
 #include <sstream>
+#include <thread>
 
 namespace gpipe {
 namespace distributed {
@@ -18,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kHeaderSize = 256;
 constexpr int64_t kHeaderBytes = kHeaderSize * static_cast<int64_t>(sizeof(int64_t));
-constexpr int64_t kAlignment = 64;  // of each tensor in a one-message batch
+constexpr int64_t kAlignment = 64;      // of each tensor in a one-message batch
 constexpr int64_t kMagic = 0x67706970;  // "gpip"
 constexpr int64_t kUndefined = -1;      // the dtype of an undefined tensor
 
@@ -176,7 +179,8 @@ struct Header {
   bool one_message;  // the tensors' data follows the header in the same message
 };
 
-Header decode(const at::Tensor& tensor, int64_t rank, int64_t peer) {
+Header decode(const at::Tensor& received, int64_t rank, int64_t peer) {
+  const at::Tensor tensor = received.to(at::kCPU);  // a NCCL message's header is on its GPU
   const int64_t* h = tensor.data_ptr<int64_t>();
   TORCH_CHECK_VALUE(h[0] == kMagic, "rank ", rank, " received a message from rank ", peer,
                     " that is not a gpipe header: is rank ", peer, " running the same program?");
@@ -201,6 +205,7 @@ C10dTransport::C10dTransport(ProcessGroup group, int64_t num_stages, C10dTranspo
       num_stages_(num_stages),
       options_(options),
       pipeline_size_(options.pipeline_size() > 0 ? options.pipeline_size() : group_.world_size()),
+      device_(detail::normalize_device(options.device())),
       // Every rank makes its transports over a group in the same order, so the count names the
       // same transport on every rank and keeps its keys apart from earlier ones.
       keys_("gpipe/transport" + std::to_string(group_.transports ? (*group_.transports)++ : 0) +
@@ -213,6 +218,11 @@ C10dTransport::C10dTransport(ProcessGroup group, int64_t num_stages, C10dTranspo
   TORCH_CHECK_VALUE(options_.poll_interval().count() > 0,
                     "poll_interval must be positive, but got ", options_.poll_interval().count(),
                     " ms");
+  TORCH_CHECK_VALUE(device_.is_cpu() || device_.is_cuda(),
+                    "the c10d transport moves CPU tensors (Gloo) or CUDA tensors (NCCL), not ",
+                    device_, " tensors");
+  TORCH_CHECK(device_.is_cpu() || nccl_available(), "rank ", rank(), " cannot move ", device_,
+              " tensors: this gpipe was built with a LibTorch without NCCL (Debian's is CPU-only)");
   watcher_ = std::thread([this] { watch(); });
 }
 
@@ -255,6 +265,16 @@ C10dTransport::Edge& C10dTransport::edge(int64_t from_stage, int64_t to_stage) {
   return edges_[{from_stage, to_stage}];
 }
 
+Backend& C10dTransport::backend(const c10::Device& device, int tag) {
+  if (device.is_cpu()) return *group_.group;
+  auto& nccl = nccl_[tag];
+  if (!nccl) {
+    // NCCL's watchdog ends the process on its timeout: give the transport's own first say.
+    nccl = new_nccl_backend(group_, keys_ + "tag" + std::to_string(tag), 2 * options_.timeout());
+  }
+  return *nccl;
+}
+
 int C10dTransport::edge_tag(int64_t from_stage, int64_t to_stage) const {
   // s -> s + 1 is 2s, s + 1 -> s is 2s + 1; 2 * num_stages carries values between ranks.
   return static_cast<int>(to_stage > from_stage ? 2 * from_stage : 2 * to_stage + 1);
@@ -290,10 +310,11 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
   const int t = edge_tag(from_stage, to_stage);
   const auto start = Clock::now();
   for (const auto& x : batch) {
-    TORCH_CHECK_VALUE(!x.defined() || x.device().is_cpu(),
-                      "the Gloo transport sends CPU tensors, but stage ", from_stage,
+    TORCH_CHECK_VALUE(!x.defined() || x.device() == device_, "rank ", rank(),
+                      "'s transport sends tensors on ", device_, ", but stage ", from_stage,
                       " sends one on ", x.device());
   }
+  Backend& wire = backend(device_, t);
   // One message when it fits the buffer the receiver posts (both ends know its size), so that
   // a receive posted ahead takes the whole batch as soon as it is sent; else the header, then
   // one message per tensor.
@@ -304,7 +325,7 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
   if (one_message) {
     const auto copying = Clock::now();
     at::NoGradGuard no_grad;  // bytes to send, not part of any graph
-    at::Tensor buffer = at::empty({layout.bytes}, at::kByte);
+    at::Tensor buffer = at::empty({layout.bytes}, at::TensorOptions(at::kByte).device(device_));
     buffer.narrow(0, 0, kHeaderBytes).view(at::kLong).copy_(header);
     for (const auto k : c10::irange(meta.dtypes.size())) {
       if (layout.offsets[k] < 0) continue;  // undefined
@@ -313,20 +334,19 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
     transfer_seconds_ += std::chrono::duration<double>(Clock::now() - copying).count();
     std::vector<at::Tensor> message{buffer};
     ++messages_sent_;
-    sends_.push_back({post([&] { return group_.group->send(message, peer, t); }, what.str(), peer),
-                      peer, what.str()});
+    sends_.push_back(
+        {post([&] { return wire.send(message, peer, t); }, what.str(), peer), peer, what.str()});
   } else {
-    std::vector<at::Tensor> message{header};
+    std::vector<at::Tensor> message{header.to(device_)};
     ++messages_sent_;
-    sends_.push_back({post([&] { return group_.group->send(message, peer, t); }, what.str(), peer),
-                      peer, what.str()});
+    sends_.push_back(
+        {post([&] { return wire.send(message, peer, t); }, what.str(), peer), peer, what.str()});
     for (const auto& x : batch) {
       if (!x.defined() || x.numel() == 0) continue;
       std::vector<at::Tensor> payload{x.contiguous()};
       ++messages_sent_;
       sends_.push_back(
-          {post([&] { return group_.group->send(payload, peer, t); }, what.str(), peer), peer,
-           what.str()});
+          {post([&] { return wire.send(payload, peer, t); }, what.str(), peer), peer, what.str()});
     }
   }
   communication_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
@@ -348,8 +368,7 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
   e.posted.reset();
   if (e.expected > 0) --e.expected;
   wait(posted.work, what.str(), peer);
-  const Header h =
-      decode(posted.buffer.narrow(0, 0, kHeaderBytes).view(at::kLong), rank(), peer);
+  const Header h = decode(posted.buffer.narrow(0, 0, kHeaderBytes).view(at::kLong), rank(), peer);
   TORCH_CHECK_VALUE(h.kind == kind && h.tag == tag && h.from == from_stage && h.to == to_stage,
                     "stage ", to_stage, " expected ", what.str(), ", but got the ",
                     kind_name(h.kind), " of micro-batch ", h.tag, " from stage ", h.from,
@@ -382,14 +401,14 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
           view_bytes(posted.buffer, layout.offsets[k], h.meta.dtypes[k], h.meta.shapes[k]));
       continue;
     }
-    at::Tensor x =
-        at::empty(h.meta.shapes[k],
-                  at::TensorOptions().dtype(static_cast<c10::ScalarType>(h.meta.dtypes[k])));
+    at::Tensor x = at::empty(
+        h.meta.shapes[k],
+        at::TensorOptions(static_cast<c10::ScalarType>(h.meta.dtypes[k])).device(device_));
     if (x.numel() > 0) {
       std::vector<at::Tensor> payload{x};
       const double before = communication_seconds_;
-      wait(post([&] { return group_.group->recv(payload, static_cast<int>(peer), t); }, what.str(),
-                peer),
+      Backend& wire = backend(device_, t);
+      wait(post([&] { return wire.recv(payload, static_cast<int>(peer), t); }, what.str(), peer),
            what.str(), peer);
       transfer_seconds_ += communication_seconds_ - before;
     }
@@ -402,9 +421,10 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
 }
 
 void C10dTransport::post_receive(Edge& e, int64_t peer, int tag, const std::string& what) {
-  std::vector<at::Tensor> buffer{at::empty({std::max(e.recv_capacity, kHeaderBytes)}, at::kByte)};
-  auto work =
-      post([&] { return group_.group->recv(buffer, static_cast<int>(peer), tag); }, what, peer);
+  std::vector<at::Tensor> buffer{at::empty({std::max(e.recv_capacity, kHeaderBytes)},
+                                           at::TensorOptions(at::kByte).device(device_))};
+  Backend& wire = backend(device_, tag);
+  auto work = post([&] { return wire.recv(buffer, static_cast<int>(peer), tag); }, what, peer);
   e.posted = PostedReceive{std::move(work), buffer[0]};
 }
 
@@ -437,9 +457,10 @@ void C10dTransport::send_to_rank(at::Tensor value, int64_t to_rank) {
   check_not_failed("sending " + what);
   const auto start = Clock::now();
   std::vector<at::Tensor> tensors{value.contiguous()};
+  const int tag = static_cast<int>(2 * num_stages_);
+  Backend& wire = backend(value.device(), tag);
   sends_.push_back(
-      {post([&] { return group_.group->send(tensors, static_cast<int>(to_rank), 2 * num_stages_); },
-            what, to_rank),
+      {post([&] { return wire.send(tensors, static_cast<int>(to_rank), tag); }, what, to_rank),
        to_rank, what});
   communication_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -450,9 +471,10 @@ void C10dTransport::post_recv_from_rank(int64_t from_rank, at::Tensor buffer) {
   TORCH_CHECK_VALUE(posted_values_.count(from_rank) == 0, "a receive from rank ", from_rank,
                     " is already posted");
   std::vector<at::Tensor> tensors{buffer};
-  auto work = post(
-      [&] { return group_.group->recv(tensors, static_cast<int>(from_rank), 2 * num_stages_); },
-      what, from_rank);
+  const int tag = static_cast<int>(2 * num_stages_);
+  Backend& wire = backend(buffer.device(), tag);
+  auto work =
+      post([&] { return wire.recv(tensors, static_cast<int>(from_rank), tag); }, what, from_rank);
   posted_values_.emplace(from_rank, PostedReceive{std::move(work), std::move(buffer)});
 }
 
@@ -481,7 +503,21 @@ void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::
   bool done = false;
   std::string error;
   try {
-    done = work->wait(options_.timeout());
+    if (device_.is_cpu()) {
+      done = work->wait(options_.timeout());
+    } else {
+      // NCCL's wait only orders this thread's stream after the work: poll for completion on the
+      // host, so that abort() and the timeout end the wait as they end Gloo's.
+      const auto deadline = start + options_.timeout();
+      while (!work->isCompleted() && !aborted() && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      if (work->isCompleted()) {
+        done = work->wait();
+      } else if (!aborted()) {
+        error = "not completed on the GPU";  // timed out
+      }
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -577,6 +613,11 @@ void C10dTransport::check_not_failed(const std::string& what) {
     failed = failure_.has_value() || aborted_;
   }
   if (failed) throw_failure(what);
+}
+
+bool C10dTransport::aborted() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return aborted_ || failure_.has_value();
 }
 
 std::optional<std::string> C10dTransport::failure() const {

@@ -2,10 +2,12 @@
 
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/validate.h"
+#include "gpipe/stream.h"
 
 #include <ATen/Functions.h>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
+#include <torch/cuda.h>
 
 #include <chrono>
 #include <exception>
@@ -16,6 +18,15 @@ namespace gpipe {
 namespace distributed {
 
 PipelineStageOptions::PipelineStageOptions(int64_t chunks) : chunks_(chunks) {}
+
+c10::Device default_device(const Environment& environment) {
+  const auto count = static_cast<int64_t>(torch::cuda::device_count());
+  if (count == 0) return c10::Device(c10::kCPU);
+  TORCH_CHECK_VALUE(environment.local_rank < count, "LOCAL_RANK ", environment.local_rank,
+                    " has no CUDA device of its own: this machine has ", count,
+                    " (start at most that many ranks per machine, or set the device option)");
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(environment.local_rank));
+}
 
 namespace {
 
@@ -80,6 +91,8 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
   check_layout(group.world_size(), module, balance, options_);
   const int64_t P = group.world_size() / options_.data_parallel();
   const int64_t rank = group.rank();
+  const c10::Device device =
+      detail::normalize_device(options_.device().value_or(default_device(group.environment)));
   num_stages_ = static_cast<int64_t>(balance.size());
   by_index_.assign(num_stages_, nullptr);
   const auto names = module->named_children().keys();
@@ -91,8 +104,9 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
       part->push_back(names[layer], *any_layer);
     }
     if (s % P != rank % P) continue;
-    stages_.push_back(std::make_unique<schedule::Stage>(
-        s, num_stages_, std::move(part), c10::Device(c10::kCPU), options_.checkpoint()));
+    part->to(device);
+    stages_.push_back(std::make_unique<schedule::Stage>(s, num_stages_, std::move(part), device,
+                                                        options_.checkpoint()));
     by_index_[s] = stages_.back().get();
   }
   if (options_.data_parallel() > 1) {
@@ -105,7 +119,8 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
                                                C10dTransportOptions()
                                                    .timeout(options_.timeout())
                                                    .poll_interval(options_.poll_interval())
-                                                   .pipeline_size(P));
+                                                   .pipeline_size(P)
+                                                   .device(device));
   // Fails early for a schedule that cannot run these stages.
   schedule(1);
   // No step starts before every rank has connected: a rank that dies later is seen through its

@@ -1,5 +1,5 @@
-// C10dTransport: the Transport (schedule/transport.h) between processes, over a c10d process
-// group (Gloo for CPU tensors).
+// C10dTransport: the Transport (schedule/transport.h) between processes, over c10d: Gloo for
+// CPU tensors, NCCL for CUDA tensors.
 //
 // Stage s runs on rank s % world_size (or on rank s % P of this rank's block of P ranks, with
 // several pipelines side by side: pipeline_size). A batch starts with a fixed-size header (int64:
@@ -27,6 +27,13 @@
 // the timeout is recorded as failed by the rank that waited for it. Losing the store means that
 // rank 0, which serves it, is gone. After a failure the transport is unusable: end the process.
 //
+// Devices: a transport moves the tensors of one device, its option `device`: the stages' device
+// on this rank. CPU tensors go over the group's Gloo backend; CUDA tensors over NCCL, one
+// backend per edge (NCCL has no tags: each edge's messages must keep their own order), made on
+// the edge's first message. Messages are laid out alike on both; a NCCL message's header is
+// copied to the host to be read, and its waits poll the work, so that aborts and the timeout
+// behave as with Gloo. The loss travels over Gloo as a CPU tensor.
+//
 // Several transports may share one ProcessGroup one after another (each has its own keys in the
 // store), as long as every rank makes them in the same order.
 //
@@ -38,6 +45,7 @@
 #include "gpipe/distributed/rendezvous.h"
 #include "gpipe/schedule/transport.h"
 
+#include <c10/core/Device.h>
 #include <torch/arg.h>
 
 #include <atomic>
@@ -69,6 +77,10 @@ struct C10dTransportOptions {
   /// (replica) each, and stage s runs on the block's rank s % pipeline_size (data_parallel.h);
   /// 0 for the whole world. Default: 0.
   TORCH_ARG(int64_t, pipeline_size) = 0;
+
+  /// The device of this rank's stages: every tensor sent is on it and every batch received lands
+  /// on it. CPU goes over Gloo, CUDA over NCCL. Default: CPU.
+  TORCH_ARG(c10::Device, device) = c10::Device(c10::kCPU);
 };
 
 /// The dtype and shape of each tensor of a message (an undefined tensor has dtype -1).
@@ -82,7 +94,8 @@ struct MessageMetadata {
 class C10dTransport : public schedule::Transport {
  public:
   /// For `num_stages` stages over `group`. Starts the watcher. Throws c10::ValueError unless
-  /// num_stages is positive.
+  /// num_stages is positive, or for a device other than CPU or CUDA; c10::Error for a CUDA device
+  /// where this gpipe has no NCCL.
   C10dTransport(ProcessGroup group, int64_t num_stages, C10dTransportOptions options = {});
 
   /// Stops the watcher; without a failure, waits for outstanding sends and then for every rank
@@ -152,6 +165,9 @@ class C10dTransport : public schedule::Transport {
   /// tensor for a batch larger than every earlier one on its edge.
   int64_t messages_sent() const { return messages_sent_; }
 
+  /// The device of this rank's stages (options().device(), with its index).
+  c10::Device device() const { return device_; }
+
   int64_t rank() const { return group_.rank(); }
   int64_t world_size() const { return group_.world_size(); }
   int64_t pipeline_size() const { return pipeline_size_; }
@@ -177,6 +193,9 @@ class C10dTransport : public schedule::Transport {
   };
 
   Edge& edge(int64_t from_stage, int64_t to_stage);
+  // The backend that carries tensors of `device` with tag `tag`: Gloo for CPU, else the tag's
+  // NCCL backend (made on first use).
+  Backend& backend(const c10::Device& device, int tag);
   // Posts the receive of the edge's next message into a buffer of its recv_capacity.
   void post_receive(Edge& e, int64_t peer, int tag, const std::string& what);
   int edge_tag(int64_t from_stage, int64_t to_stage) const;
@@ -191,6 +210,8 @@ class C10dTransport : public schedule::Transport {
                                 bool timed_out);
   [[noreturn]] void throw_failure(const std::string& what);
   void check_not_failed(const std::string& what);
+  // True once abort() ran or a failure is known: waits must end.
+  bool aborted() const;
   void watch();
   // The first failure in the store, if any. Throws if the store is unreachable.
   std::optional<std::string> lookup_failure();
@@ -203,6 +224,7 @@ class C10dTransport : public schedule::Transport {
   int64_t num_stages_;
   C10dTransportOptions options_;
   int64_t pipeline_size_;
+  c10::Device device_;
   std::string keys_;  // the prefix of this transport's keys in the store
   std::map<std::pair<int64_t, int64_t>, Edge> edges_;
   // Activations sent per (to_stage, micro-batch): what their gradients must look like.
@@ -212,8 +234,9 @@ class C10dTransport : public schedule::Transport {
     int64_t peer;
     std::string what;
   };
-  std::vector<Send> sends_;  // outstanding sends
-  std::map<int64_t, PostedReceive> posted_values_;  // post_recv_from_rank, per rank
+  std::vector<Send> sends_;                          // outstanding sends
+  std::map<int64_t, PostedReceive> posted_values_;   // post_recv_from_rank, per rank
+  std::map<int, c10::intrusive_ptr<Backend>> nccl_;  // per tag, for CUDA tensors
   double communication_seconds_ = 0;
   double transfer_seconds_ = 0;
   int64_t messages_sent_ = 0;

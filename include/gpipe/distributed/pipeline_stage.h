@@ -38,6 +38,8 @@
 #include "gpipe/schedule/stage.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/util/Optional.h>
 #include <torch/arg.h>
 #include <torch/nn/modules/container/sequential.h>
 
@@ -92,7 +94,17 @@ struct PipelineStageOptions {
   /// own batch, and after each step every stage's gradients and the loss are averaged (summed
   /// for LossReduction::kSum) over its replicas (data_parallel.h). Default: 1.
   TORCH_ARG(int64_t, data_parallel) = 1;
+
+  /// Where this rank's stages run: their layers are moved there, and activations and gradients
+  /// travel from device to device (CUDA over NCCL, CPU over Gloo). The input and target may be
+  /// anywhere; the loss comes back on the CPU. Default: cuda:LOCAL_RANK where CUDA is available,
+  /// else the CPU.
+  TORCH_ARG(c10::optional<c10::Device>, device) = c10::nullopt;
 };
+
+/// The device a rank uses by default: cuda:LOCAL_RANK where LibTorch sees CUDA devices, else the
+/// CPU.
+c10::Device default_device(const Environment& environment);
 
 /// This rank's stages of a pipeline across processes.
 class PipelineStage {
@@ -124,6 +136,9 @@ class PipelineStage {
   int64_t pipeline_size() const { return transport_->pipeline_size(); }
   /// Which replica of the pipeline this rank belongs to, in [0, data_parallel).
   int64_t replica() const { return rank() / pipeline_size(); }
+
+  /// The device of this rank's stages.
+  c10::Device device() const { return transport_->device(); }
 
   /// The stages this rank runs, in increasing order.
   std::vector<int64_t> stage_indices() const;
