@@ -78,14 +78,17 @@ void expect_close(const torch::Tensor& got, const torch::Tensor& expected, bool 
   }
 }
 
+// Every partition on `device` (on a GPU: several partitions on one device, each with its own
+// streams, so that Copy/Wait and record_stream run).
 void expect_transparent(const std::function<Sequential()>& make, const torch::Tensor& input,
                         int64_t layers, torch::Dtype dtype,
-                        const std::vector<int64_t>& chunk_counts, bool bitwise) {
+                        const std::vector<int64_t>& chunk_counts, bool bitwise,
+                        const torch::Device& device = torch::kCPU) {
   torch::manual_seed(0);
   Sequential sequential = make();
-  sequential->to(dtype);
+  sequential->to(device, dtype);
   const auto parameters = sequential->parameters();
-  const auto x = input.to(dtype);
+  const auto x = input.to(device, dtype);
   torch::Tensor weight = torch::randn_like(sequential->forward(x));
   const Result expected =
       run([&](const torch::Tensor& in) { return sequential->forward(in); }, parameters, x, weight);
@@ -94,7 +97,10 @@ void expect_transparent(const std::function<Sequential()>& make, const torch::Te
     for (const int64_t chunks : chunk_counts) {
       for (const auto mode :
            {CheckpointMode::kAlways, CheckpointMode::kExceptLast, CheckpointMode::kNever}) {
-        GPipe model(sequential, GPipeOptions(balance).chunks(chunks).checkpoint(mode));
+        GPipe model(sequential, GPipeOptions(balance)
+                                    .devices(std::vector<torch::Device>(balance.size(), device))
+                                    .chunks(chunks)
+                                    .checkpoint(mode));
         const Result got =
             run([&](const torch::Tensor& in) { return model->forward(in); }, parameters, x, weight);
         std::ostringstream what;
@@ -149,18 +155,36 @@ TEST(TransparencyTest, ConvNetEveryBalanceChunksAndMode) {
   expect_transparent(convnet, torch::randn({14, 3, 6, 6}), 6, torch::kDouble, {1, 2, 4, 7}, false);
 }
 
+TEST(TransparencyTest, MlpBitwiseWithOneChunkOnOneGpu_CUDA) {
+  GPIPE_REQUIRE_CUDA(1);
+  expect_transparent(mlp, torch::randn({16, 8}), 7, torch::kFloat, {1}, true, torch::kCUDA);
+}
+
+TEST(TransparencyTest, MlpEveryBalanceChunksAndModeOnOneGpu_CUDA) {
+  GPIPE_REQUIRE_CUDA(1);
+  expect_transparent(mlp, torch::randn({16, 8}), 7, torch::kDouble, {1, 2, 4, 7}, false,
+                     torch::kCUDA);
+}
+
+TEST(TransparencyTest, ConvNetEveryBalanceChunksAndModeOnOneGpu_CUDA) {
+  GPIPE_REQUIRE_CUDA(1);
+  expect_transparent(convnet, torch::randn({14, 3, 6, 6}), 6, torch::kDouble, {1, 2, 4, 7}, false,
+                     torch::kCUDA);
+}
+
 // With dropout, the reference is the same layers run micro-batch by micro-batch in GPipe's clock
 // order, so the random streams line up; checkpointed micro-batches must then recompute with the
 // very same masks, or their gradients would differ.
-TEST(TransparencyTest, DropoutMasksSurviveRecomputation) {
+// On a GPU the masks come from the CUDA generator, whose state checkpointing saves and restores.
+void expect_dropout_masks_survive_recomputation(const torch::Device& device) {
   torch::manual_seed(0);
   Sequential sequential(torch::nn::Linear(8, 16), torch::nn::Dropout(0.5), torch::nn::ReLU(),
                         torch::nn::Linear(16, 16), torch::nn::Dropout(0.3),
                         torch::nn::Linear(16, 4));
-  sequential->to(torch::kDouble);
+  sequential->to(device, torch::kDouble);
   const auto parameters = sequential->parameters();
-  const auto input = torch::randn({12, 8}, torch::kDouble);
-  const auto weight = torch::randn({12, 4}, torch::kDouble);
+  const auto input = torch::randn({12, 8}, torch::kDouble).to(device);
+  const auto weight = torch::randn({12, 4}, torch::kDouble).to(device);
 
   for (const auto& balance : every_balance(6, 3)) {
     for (const int64_t chunks : {1, 3, 4}) {
@@ -186,7 +210,10 @@ TEST(TransparencyTest, DropoutMasksSurviveRecomputation) {
 
       for (const auto mode :
            {CheckpointMode::kAlways, CheckpointMode::kExceptLast, CheckpointMode::kNever}) {
-        GPipe model(sequential, GPipeOptions(balance).chunks(chunks).checkpoint(mode));
+        GPipe model(sequential, GPipeOptions(balance)
+                                    .devices(std::vector<torch::Device>(balance.size(), device))
+                                    .chunks(chunks)
+                                    .checkpoint(mode));
         torch::manual_seed(42);
         const Result got = run([&](const torch::Tensor& x) { return model->forward(x); },
                                parameters, input, weight);
@@ -202,6 +229,15 @@ TEST(TransparencyTest, DropoutMasksSurviveRecomputation) {
       }
     }
   }
+}
+
+TEST(TransparencyTest, DropoutMasksSurviveRecomputation) {
+  expect_dropout_masks_survive_recomputation(torch::kCPU);
+}
+
+TEST(TransparencyTest, DropoutMasksSurviveRecomputationOnOneGpu_CUDA) {
+  GPIPE_REQUIRE_CUDA(1);
+  expect_dropout_masks_survive_recomputation(torch::Device(torch::kCUDA, 0));
 }
 
 // Inputs that need no grad work too, and non-floating outputs come back detached.

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Prepares what the GPU check needs besides torch, for a GPU machine that reaches no package
+# registry: Debian's Gloo headers, GoogleTest, nlohmann-json and tinyxml2, unpacked into a folder
+# (default gpu-deps/, git-ignored) that travels with the working tree and is passed to
+# `scripts/gpu-check.sh --deps DIR`. A few MiB; quick when present.
+#
+#   bash scripts/gpu-deps.sh [DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:-gpu-deps}
+packages=(libgloo-dev libgtest-dev libgmock-dev nlohmann-json3-dev libtinyxml2-dev libtinyxml2-9)
+if [[ -f "$dir/.complete" ]]; then exit 0; fi
+rm -rf "$dir"
+mkdir -p "$dir/debs"
+(cd "$dir/debs" && apt-get download -q "${packages[@]}" >download.log 2>&1) || {
+  cat "$dir/debs/download.log" >&2
+  exit 1
+}
+for deb in "$dir"/debs/*.deb; do dpkg-deb -x "$deb" "$dir"; done
+rm -rf "$dir/debs"
+touch "$dir/.complete"
+echo "gpu-deps: ${packages[*]} in $dir/ ($(du -sh "$dir" | cut -f1))"
