@@ -5,6 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh gpipe_command >/dev/null
+bash scripts/build.sh gpipe_command  # progress shows: the first build takes minutes
 source scripts/libtorch.sh
 exec "./$(gpipe_build_dir "$(gpipe_libtorch)")/tools/gpipe/gpipe" train "$@"
