@@ -3,7 +3,7 @@
 # test against both LibTorch configurations (scripts/libtorch.sh): the torch wheel's LibTorch
 # 2.11 with CUDA (*_CUDA tests skip without a GPU; then the GPU check's part that runs without
 # one), and Debian's LibTorch 1.13 (CPU). Among the tests: each public header compiles alone, and
-# a user's project builds on the installed package. About 35 minutes on 2 cores from scratch.
+# a user's project builds on the installed package. About 33 minutes on 2 cores from scratch.
 #
 #   bash scripts/test.sh [wheel|debian ...]     (default: wheel debian)
 set -euo pipefail
