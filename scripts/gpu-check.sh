@@ -23,6 +23,7 @@
 # Fits in 8 minutes on 16 cores; exits non-zero if a step fails or a test fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/libtorch.sh
 
 usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
 fail() {
@@ -73,13 +74,12 @@ out=$(cd "$out" && pwd)
 command -v "$python" >/dev/null || fail "no Python '$python' (--python)"
 # What the machine has, from the torch that gpipe builds against.
 "$python" -W ignore - >"$out/torch.json" <<'PY' || fail "'$python' has no torch: pip install torch==2.11.0"
-import json, os, torch
+import json, torch
 print(json.dumps({
     "torch": torch.__version__,
     "cuda": torch.version.cuda,
     "cuda_available": torch.cuda.is_available(),
     "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-    "prefix_path": torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__),
 }))
 PY
 json() { "$python" -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$@"; }
@@ -89,7 +89,7 @@ if [[ "$gpu" != True && $allow_no_gpu == 0 ]]; then
 fi
 
 echo "gpu-check: building in $build/ with $jobs jobs"
-prefix_path=$(json "$out/torch.json" prefix_path)
+prefix_path=$(gpipe_torch_prefix_path "$python")
 extra=()
 if [[ -n "$deps" ]]; then
   prefix_path="$prefix_path;$deps/usr"

@@ -25,14 +25,16 @@ gpipe_build_dir() {
   if [[ "$1" == debian ]]; then echo build-debian; else echo build; fi
 }
 
+# The CMAKE_PREFIX_PATH that finds the LibTorch of the torch in Python $1. The wheel's own folder
+# goes in too, so that its lib/ wins over a system LibTorch's (Debian's libtorch-dev) when both
+# are installed.
+gpipe_torch_prefix_path() {
+  "$1" -W ignore -c 'import os, torch; print(torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__))'
+}
+
 # CMake arguments that find the configuration's LibTorch.
 gpipe_cmake_args() {
   if [[ "$1" == wheel ]]; then
-    # The wheel's own folder goes first too, so that its lib/ wins over a system LibTorch's
-    # (Debian's libtorch-dev) when both are installed.
-    local venv prefixes
-    venv=$(gpipe_venv)
-    prefixes=$("$venv/bin/python" -c 'import os, torch; print(torch.utils.cmake_prefix_path + ";" + os.path.dirname(torch.__file__))' 2>/dev/null)
-    echo "-DCMAKE_PREFIX_PATH=$prefixes"
+    echo "-DCMAKE_PREFIX_PATH=$(gpipe_torch_prefix_path "$(gpipe_venv)/bin/python" 2>/dev/null)"
   fi
 }

@@ -151,10 +151,8 @@ namespace {
 void check_device_type(c10::Device device) {
   TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(),
                     "memory statistics exist for CPU and CUDA devices, not for ", device);
-#if !GPIPE_WITH_CUDA
-  TORCH_CHECK(device.is_cpu(), "no memory statistics for ", device,
+  TORCH_CHECK(device.is_cpu() || GPIPE_WITH_CUDA, "no memory statistics for ", device,
               ": this gpipe was built with a LibTorch without CUDA");
-#endif
 }
 
 #if GPIPE_WITH_CUDA
@@ -166,34 +164,33 @@ c10::DeviceIndex cuda_index(c10::Device device) {
   return index;
 }
 
-// The caching allocator's bytes in tensors, summed over its pools.
-c10::CachingAllocator::Stat allocated(c10::Device device) {
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(cuda_index(device));
-  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
-}
 #endif
+
+struct Reading {
+  int64_t current;
+  int64_t peak;
+};
+
+// The bytes of `device` now and at their peak: for CUDA, the caching allocator's bytes in
+// tensors, summed over its pools.
+Reading read(c10::Device device) {
+  check_device_type(device);
+  if (device.is_cpu()) return {cpu_current_bytes(), cpu_peak_bytes()};
+#if GPIPE_WITH_CUDA
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(cuda_index(device));
+  const auto& allocated =
+      stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  return {allocated.current, allocated.peak};
+#else
+  TORCH_INTERNAL_ASSERT(false, "check_device_type let ", device, " through without CUDA");
+#endif
+}
 
 }  // namespace
 
-int64_t current_bytes(c10::Device device) {
-  check_device_type(device);
-  if (device.is_cpu()) return cpu_current_bytes();
-#if GPIPE_WITH_CUDA
-  return allocated(device).current;
-#else
-  return 0;  // unreachable: check_device_type threw
-#endif
-}
+int64_t current_bytes(c10::Device device) { return read(device).current; }
 
-int64_t peak_bytes(c10::Device device) {
-  check_device_type(device);
-  if (device.is_cpu()) return cpu_peak_bytes();
-#if GPIPE_WITH_CUDA
-  return allocated(device).peak;
-#else
-  return 0;  // unreachable: check_device_type threw
-#endif
-}
+int64_t peak_bytes(c10::Device device) { return read(device).peak; }
 
 void reset_peak(c10::Device device) {
   check_device_type(device);

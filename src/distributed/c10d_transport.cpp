@@ -135,6 +135,9 @@ MessageLayout layout_of(const MessageMetadata& meta) {
   return layout;
 }
 
+// The tag of values between ranks (send_to_rank), after the edges' tags (edge_tag).
+int value_tag(int64_t num_stages) { return static_cast<int>(2 * num_stages); }
+
 // What a receive posted ahead waits for, in errors.
 std::string next_message(int64_t from_stage, int64_t to_stage) {
   return "the next message from stage " + std::to_string(from_stage) + " to stage " +
@@ -457,7 +460,7 @@ void C10dTransport::send_to_rank(at::Tensor value, int64_t to_rank) {
   check_not_failed("sending " + what);
   const auto start = Clock::now();
   std::vector<at::Tensor> tensors{value.contiguous()};
-  const int tag = static_cast<int>(2 * num_stages_);
+  const int tag = value_tag(num_stages_);
   Backend& wire = backend(value.device(), tag);
   sends_.push_back(
       {post([&] { return wire.send(tensors, static_cast<int>(to_rank), tag); }, what, to_rank),
@@ -471,7 +474,7 @@ void C10dTransport::post_recv_from_rank(int64_t from_rank, at::Tensor buffer) {
   TORCH_CHECK_VALUE(posted_values_.count(from_rank) == 0, "a receive from rank ", from_rank,
                     " is already posted");
   std::vector<at::Tensor> tensors{buffer};
-  const int tag = static_cast<int>(2 * num_stages_);
+  const int tag = value_tag(num_stages_);
   Backend& wire = backend(buffer.device(), tag);
   auto work =
       post([&] { return wire.recv(tensors, static_cast<int>(from_rank), tag); }, what, from_rank);

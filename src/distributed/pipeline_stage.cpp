@@ -91,8 +91,9 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
   check_layout(group.world_size(), module, balance, options_);
   const int64_t P = group.world_size() / options_.data_parallel();
   const int64_t rank = group.rank();
-  const c10::Device device =
-      detail::normalize_device(options_.device().value_or(default_device(group.environment)));
+  // The default only where none is given: it fails for a LOCAL_RANK without a GPU of its own.
+  const c10::Device device = detail::normalize_device(
+      options_.device() ? *options_.device() : default_device(group.environment));
   num_stages_ = static_cast<int64_t>(balance.size());
   by_index_.assign(num_stages_, nullptr);
   const auto names = module->named_children().keys();

@@ -217,10 +217,12 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   TrainReport report;
   // A CPU stage's peak counts what its tasks allocate (the tracking allocator's tags); a CUDA
   // stage's is its device's (the caching allocator's), shared by the stages on that device.
-  std::vector<c10::Device> stage_devices(c.stages, c10::Device(c10::kCPU));
-  for (int64_t s = 0; s < c.stages && !c.devices.empty(); ++s) stage_devices[s] = c.devices[s];
+  const std::vector<c10::Device> stage_devices =
+      c.devices.empty() ? std::vector<c10::Device>(c.stages, c10::Device(c10::kCPU)) : c.devices;
   memory::reset_cpu_peak();
-  for (const auto& device : stage_devices) memory::reset_peak(device);
+  for (const auto& device : stage_devices) {
+    if (!device.is_cpu()) memory::reset_peak(device);
+  }
   // Each step's events are drained as it ends: the bubble adds up step by step, and only what
   // --trace or --timeline will write is kept, so a long run does not pile up events.
   trace::Utilization steady;  // the first step warms up allocators and threads: left out
