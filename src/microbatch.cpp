@@ -1,6 +1,7 @@
 #include "gpipe/microbatch.h"
 
 #include <ATen/ops/cat.h>
+#include <algorithm>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
@@ -63,17 +64,30 @@ void check(const Batch& input) {
   }
 }
 
+namespace {
+
+// torch.chunk makes at most one chunk per sample: asking for no more is the same, and keeps
+// ATen's size + chunks - 1 from overflowing when chunks is huge.
+std::vector<at::Tensor> chunk_by_samples(const at::Tensor& tensor, int64_t chunks) {
+  if (tensor.dim() > 0) chunks = std::min(chunks, std::max<int64_t>(tensor.size(0), 1));
+  return tensor.chunk(chunks);
+}
+
+}  // namespace
+
 std::vector<Batch> scatter(const Batch& input, int64_t chunks) {
   TORCH_INTERNAL_ASSERT(chunks > 0);
   if (input.atomic()) {
     std::vector<Batch> batches;
-    for (auto& chunk : input.tensor().chunk(chunks)) batches.emplace_back(std::move(chunk));
+    for (auto& piece : chunk_by_samples(input.tensor(), chunks)) {
+      batches.emplace_back(std::move(piece));
+    }
     return batches;
   }
   // Chunk each tensor, then zip: micro-batch k holds chunk k of every tensor.
   std::vector<std::vector<at::Tensor>> zipped;
   for (const auto& tensor : input) {
-    auto chunked = tensor.chunk(chunks);
+    auto chunked = chunk_by_samples(tensor, chunks);
     zipped.resize(chunked.size());
     for (const auto k : c10::irange(chunked.size())) zipped[k].push_back(std::move(chunked[k]));
   }

@@ -1,5 +1,6 @@
 #include "gpipe/pipe.h"
 
+#include "exact.h"
 #include "gpipe/batchnorm.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/skip/skippable.h"
@@ -73,10 +74,10 @@ GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
   }
 
   const auto& balance = options_.balance();
-  const int64_t total = std::accumulate(balance.begin(), balance.end(), int64_t{0});
-  TORCH_CHECK_VALUE(static_cast<int64_t>(module->size()) == total,
+  const detail::Exact total = detail::exact_sum(balance);
+  TORCH_CHECK_VALUE(static_cast<detail::Exact>(module->size()) == total,
                     "module and sum of balance have different length (module: ", module->size(),
-                    ", sum of balance: ", total, ")", kAutoBalanceAdvice);
+                    ", sum of balance: ", detail::to_string(total), ")", kAutoBalanceAdvice);
   TORCH_CHECK_VALUE(std::all_of(balance.begin(), balance.end(), [](int64_t b) { return b > 0; }),
                     "all balance numbers must be positive integer (balance: ", to_string(balance),
                     ")", kAutoBalanceAdvice);

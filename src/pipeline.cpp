@@ -104,13 +104,17 @@ void Pipeline::compute(const std::vector<Step>& clock) {
     Task task;
     task.stream = stream;
     task.caller = caller_;
-    auto& partition = partitions_[j];
+    // The recomputation runs in backward, which may come after the GPipe is gone: the
+    // function holds its partition (a Sequential's layers stay alive with it), not a reference.
+    torch::nn::Sequential partition = partitions_[j];
     const std::string what = "partition " + std::to_string(j);
     BatchFunction function;
     if (skip_trackers_.empty()) {
-      function = [&partition, what](const Batch& input) { return input.call(partition, what); };
+      function = [partition, what](const Batch& input) mutable {
+        return input.call(partition, what);
+      };
     } else {
-      function = [&partition, what, j, tracker = skip_trackers_[i]](const Batch& input) {
+      function = [partition, what, j, tracker = skip_trackers_[i]](const Batch& input) mutable {
         return skip::detail::call_with_skips(input, partition, j, tracker, what);
       };
     }

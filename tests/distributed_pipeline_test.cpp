@@ -7,6 +7,7 @@
 #include "distributed_model.h"
 #include "gpipe/distributed/pipeline_stage.h"
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,20 @@ TEST(DistributedPipelineTest, StagesMustMatchWorldSize) {
   GPIPE_EXPECT_THROW_WITH(
       PipelineStage(model, {8, 8}, loss, PipelineStageOptions(4).stages_per_rank(2)),
       c10::ValueError, "runs one stage per rank, but stages_per_rank is 2");
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  GPIPE_EXPECT_THROW_WITH(
+      PipelineStage(model, {8, 8}, loss,
+                    PipelineStageOptions(4)
+                        .schedule(schedule::ScheduleKind::kInterleavedOneFOneB)
+                        .stages_per_rank(kMax)),
+      c10::ValueError,
+      "balance names 2 stages, but WORLD_SIZE = 2 ranks with 9223372036854775807 stage(s) each "
+      "run 18446744073709551614");
+  GPIPE_EXPECT_THROW_WITH(PipelineStage(model, {kMax, kMax, 2}, loss, PipelineStageOptions(4)),
+                          c10::ValueError, "balance names 3 stages");
+  GPIPE_EXPECT_THROW_WITH(PipelineStage(model, {kMax, 2}, loss, PipelineStageOptions(4)),
+                          c10::ValueError,
+                          "balance adds up to 9223372036854775809 layers, but the module has 16");
   unsetenv("WORLD_SIZE");
   GPIPE_EXPECT_THROW_WITH(PipelineStage(model, {8, 8}, loss, PipelineStageOptions(4)),
                           c10::ValueError, "WORLD_SIZE is not set");

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <set>
 #include <thread>
 
@@ -77,6 +78,22 @@ TEST(GPipeTest, BalanceWrongLength) {
                           "balance: 1)");
   GPIPE_EXPECT_THROW_WITH(GPipe(model, GPipeOptions({3})), c10::ValueError,
                           "(module: 2, sum of balance: 3)");
+}
+
+// Counts near the ends of int64_t: the sum is exact, never wrapped past the check.
+TEST(GPipeTest, HugeCounts) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  Sequential model(Linear(4, 4), Linear(4, 4));
+  GPIPE_EXPECT_THROW_WITH(GPipe(model, GPipeOptions({kMax, kMax, 2})), c10::ValueError,
+                          "(module: 2, sum of balance: 18446744073709551616)");
+  GPIPE_EXPECT_THROW_WITH(GPipe(model, GPipeOptions({kMax, 1, 1 - kMax})), c10::ValueError,
+                          "all balance numbers must be positive integer (balance: "
+                          "[9223372036854775807, 1, -9223372036854775806])");
+  // As torch.chunk: never more micro-batches than samples.
+  const auto input = torch::rand({5, 4});
+  GPipe huge(model, GPipeOptions({1, 1}).chunks(kMax));
+  GPipe five(model, GPipeOptions({1, 1}).chunks(5));
+  EXPECT_TRUE(testing::bitwise_equal(huge->forward(input), five->forward(input)));
 }
 
 TEST(GPipeTest, BalanceLessThan1) {
@@ -440,6 +457,40 @@ TEST(GPipeTest, ConcurrentForwardsAreSerialized) {
   }
   for (auto& thread : threads) thread.join();
   for (int k = 0; k < 4; ++k) EXPECT_TRUE(testing::bitwise_equal(got[k], expected[k])) << k;
+}
+
+// A Sequential keeps its layers alive through the autograd graph; so does a GPipe, whose
+// recomputations run in backward, possibly after the GPipe itself is gone.
+TEST(GPipeTest, DestroyedBeforeBackward) {
+  for (const auto mode :
+       {CheckpointMode::kNever, CheckpointMode::kAlways, CheckpointMode::kExceptLast}) {
+    SCOPED_TRACE(::testing::Message() << "checkpoint " << mode);
+    torch::manual_seed(0);
+    Sequential sequential(Linear(4, 8), torch::nn::ReLU(), torch::nn::Dropout(0.5), Linear(8, 2));
+    sequential->to(torch::kDouble);
+    const auto input = torch::rand({6, 4}, torch::kDouble).requires_grad_(true);
+    auto run = [&](bool keep) {
+      torch::manual_seed(1);  // the same dropout masks
+      auto model = std::make_unique<GPipe>(
+          sequential, GPipeOptions({2, 2}).chunks(3).checkpoint(mode));
+      const auto output = (*model)->forward(input);
+      if (!keep) model.reset();
+      output.sum().backward();
+      std::vector<torch::Tensor> grads{input.grad().clone()};
+      input.mutable_grad().reset();
+      for (auto& p : sequential->parameters()) {
+        grads.push_back(p.grad().clone());
+        p.mutable_grad().reset();
+      }
+      return grads;
+    };
+    const auto kept = run(true);
+    const auto destroyed = run(false);
+    ASSERT_EQ(kept.size(), destroyed.size());
+    for (size_t k = 0; k < kept.size(); ++k) {
+      EXPECT_TRUE(testing::bitwise_equal(kept[k], destroyed[k])) << "gradient " << k;
+    }
+  }
 }
 
 TEST(GPipeTest, PrettyPrint) {

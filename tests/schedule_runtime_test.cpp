@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -251,6 +252,26 @@ TEST(ScheduleRuntimeTest, LossMustBeAScalar) {
       pipe.step(torch::randn({4, 5}, torch::kDouble), torch::randn({4, 3}, torch::kDouble)),
       c10::ValueError,
       "the loss function must return a scalar, but returned a tensor of shape [2, 3]");
+}
+
+// Counts near the ends of int64_t: exact sums, and never more micro-batches than samples.
+TEST(ScheduleRuntimeTest, HugeCounts) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  auto model = make_model(0);
+  GPIPE_EXPECT_THROW_WITH(PipelineSchedule(model, {kMax, kMax, 2}, mse, PipelineScheduleOptions(2)),
+                          c10::ValueError,
+                          "balance adds up to 18446744073709551616 layers, but the module has 16");
+  GPIPE_EXPECT_THROW_WITH(
+      PipelineSchedule(model, {8, 8}, mse,
+                       PipelineScheduleOptions(2)
+                           .schedule(ScheduleKind::kInterleavedOneFOneB)
+                           .stages_per_worker(kMax)),
+      c10::ValueError,
+      "stages_per_worker (9223372036854775807) must divide the number of stages (2)");
+  for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble}) {
+    expect_equivalent(kind, 2, kMax);
+  }
+  expect_equivalent(ScheduleKind::kInterleavedOneFOneB, 4, kMax, 2);
 }
 
 TEST(ScheduleRuntimeTest, ChecksArguments) {

@@ -7,6 +7,7 @@
 #include "gpipe/schedule/validate.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace gpipe {
 namespace schedule {
@@ -120,6 +121,24 @@ TEST(ScheduleValidateTest, MakeScheduleChecksStages) {
   GPIPE_EXPECT_THROW_WITH(make_schedule(ScheduleKind::kZeroBubble, 2, 4, 4), c10::ValueError,
                           "schedule zb1p runs one stage per worker, but got 4 stages for 2");
   GPIPE_EXPECT_THROW_WITH(parse_schedule_kind("zb"), c10::ValueError, "unknown schedule kind 'zb'");
+}
+
+// Counts no memory could hold are refused with their exact size, before any allocation.
+TEST(ScheduleValidateTest, MakeScheduleRefusesHugeCounts) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble,
+                          ScheduleKind::kInterleavedOneFOneB}) {
+    GPIPE_EXPECT_THROW_WITH(make_schedule(kind, 2, 2, kMax), c10::ValueError,
+                            "a schedule of 2 stages and 9223372036854775807 micro-batches has "
+                            "18446744073709551614 (stage, micro-batch) cells, more than the "
+                            "4294967296 a schedule can hold");
+    GPIPE_EXPECT_THROW_WITH(make_schedule(kind, kMax, kMax, 2), c10::ValueError,
+                            "more than the 4294967296 a schedule can hold");
+  }
+  GPIPE_EXPECT_THROW_WITH(interleaved_one_f_one_b_schedule(2, kMax, 4), c10::ValueError,
+                          "2 workers with 9223372036854775807 stages each make "
+                          "18446744073709551614 stages, more than the 4294967296 a schedule can "
+                          "hold");
 }
 
 Schedule two_stages(std::vector<Action> worker0, std::vector<Action> worker1, int64_t m = 1) {

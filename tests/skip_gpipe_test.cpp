@@ -72,6 +72,27 @@ TEST(SkipGPipeTest, OneToThree) {
   }
 }
 
+// Backward after the GPipe is gone: the recomputations and the portals hold what they need.
+TEST(SkipGPipeTest, DestroyedBeforeBackward) {
+  for (const auto mode :
+       {CheckpointMode::kNever, CheckpointMode::kAlways, CheckpointMode::kExceptLast}) {
+    SCOPED_TRACE(::testing::Message() << "checkpoint " << mode);
+    torch::manual_seed(0);
+    auto sequential = Sequential(Layer1(), Layer2(), Layer3());
+    sequential->to(torch::kDouble);
+    auto input = torch::rand({30, 3, 8, 8}, torch::kDouble);
+    Gradients expected = gradients_of(
+        [&](const torch::Tensor& x) { return sequential->forward(x); }, *sequential, input);
+    Gradients actual = gradients_of(
+        [&](const torch::Tensor& x) {
+          GPipe model(sequential, GPipeOptions({1, 1, 1}).chunks(3).checkpoint(mode));
+          return model->forward(x);  // the GPipe is destroyed here, before backward
+        },
+        *sequential, input);
+    expect_close(actual, expected);
+  }
+}
+
 TEST(SkipGPipeTest, OneToThree_CUDA) {
   for (const auto& balance : std::vector<std::vector<int64_t>>{{3}, {1, 2}, {2, 1}, {1, 1, 1}}) {
     GPIPE_REQUIRE_CUDA(balance.size());

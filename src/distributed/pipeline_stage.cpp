@@ -1,5 +1,7 @@
 #include "gpipe/distributed/pipeline_stage.h"
 
+#include "../exact.h"
+
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/validate.h"
 #include "gpipe/stream.h"
@@ -49,18 +51,17 @@ void check_layout(int64_t world_size, const torch::nn::Sequential& module,
   TORCH_CHECK_VALUE(D > 0 && world_size % D == 0, "data_parallel (", D,
                     ") must be positive and divide WORLD_SIZE = ", world_size);
   const int64_t P = world_size / D;
-  TORCH_CHECK_VALUE(static_cast<int64_t>(balance.size()) == P * options.stages_per_rank(),
-                    "balance names ", balance.size(), " stages, but WORLD_SIZE = ", world_size,
-                    " ranks", (D > 1 ? " in " + std::to_string(D) + " replicas" : std::string()),
-                    " with ", options.stages_per_rank(), " stage(s) each run ",
-                    P * options.stages_per_rank());
-  int64_t total = 0;
+  const detail::Exact stages = detail::Exact(P) * options.stages_per_rank();
+  TORCH_CHECK_VALUE(static_cast<detail::Exact>(balance.size()) == stages, "balance names ",
+                    balance.size(), " stages, but WORLD_SIZE = ", world_size, " ranks",
+                    (D > 1 ? " in " + std::to_string(D) + " replicas" : std::string()), " with ",
+                    options.stages_per_rank(), " stage(s) each run ", detail::to_string(stages));
   for (const auto j : c10::irange(balance.size())) {
     TORCH_CHECK_VALUE(balance[j] > 0, "balance[", j, "] must be positive, but is ", balance[j]);
-    total += balance[j];
   }
-  TORCH_CHECK_VALUE(total == static_cast<int64_t>(module->size()), "balance adds up to ", total,
-                    " layers, but the module has ", module->size());
+  const detail::Exact total = detail::exact_sum(balance);
+  TORCH_CHECK_VALUE(total == static_cast<detail::Exact>(module->size()), "balance adds up to ",
+                    detail::to_string(total), " layers, but the module has ", module->size());
 }
 
 std::string message_of(const std::exception& error) {

@@ -1,5 +1,7 @@
 #include "gpipe/schedule/generators.h"
 
+#include "../exact.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
@@ -13,6 +15,20 @@ namespace {
 
 void check_positive(int64_t value, const char* name) {
   TORCH_CHECK_VALUE(value > 0, name, " must be positive, but got ", value);
+}
+
+// A schedule holds a few actions per (stage, micro-batch): refuse what no memory could hold
+// before trying to build it.
+constexpr int64_t kMaxCells = int64_t{1} << 32;
+
+void check_size(int64_t num_stages, int64_t num_microbatches) {
+  check_positive(num_stages, "num_stages");
+  check_positive(num_microbatches, "num_microbatches");
+  const detail::Exact cells = detail::Exact(num_stages) * num_microbatches;
+  TORCH_CHECK_VALUE(cells <= kMaxCells, "a schedule of ", num_stages, " stages and ",
+                    num_microbatches, " micro-batches has ", detail::to_string(cells),
+                    " (stage, micro-batch) cells, more than the ", kMaxCells,
+                    " a schedule can hold");
 }
 
 // Wraps each compute action of `computes` (per worker) with its receives and sends.
@@ -70,8 +86,7 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
 }
 
 Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches) {
-  check_positive(num_stages, "num_stages");
-  check_positive(num_microbatches, "num_microbatches");
+  check_size(num_stages, num_microbatches);
   std::vector<std::vector<Action>> computes(num_stages);
   for (const auto s : c10::irange(num_stages)) {
     for (const auto i : c10::irange(num_microbatches)) {
@@ -85,8 +100,7 @@ Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches) {
 }
 
 Schedule one_f_one_b_schedule(int64_t num_stages, int64_t num_microbatches) {
-  check_positive(num_stages, "num_stages");
-  check_positive(num_microbatches, "num_microbatches");
+  check_size(num_stages, num_microbatches);
   std::vector<std::vector<Action>> computes(num_stages);
   for (const auto s : c10::irange(num_stages)) {
     const int64_t warmup = std::min(num_stages - 1 - s, num_microbatches);
@@ -105,8 +119,7 @@ Schedule one_f_one_b_schedule(int64_t num_stages, int64_t num_microbatches) {
 }
 
 Schedule zb1p_schedule(int64_t num_stages, int64_t num_microbatches) {
-  check_positive(num_stages, "num_stages");
-  check_positive(num_microbatches, "num_microbatches");
+  check_size(num_stages, num_microbatches);
   std::vector<std::vector<Action>> computes(num_stages);
   for (const auto s : c10::irange(num_stages)) {
     auto& list = computes[s];
@@ -135,7 +148,11 @@ Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_pe
                                           int64_t num_microbatches) {
   check_positive(num_workers, "num_workers");
   check_positive(stages_per_worker, "stages_per_worker");
-  check_positive(num_microbatches, "num_microbatches");
+  const detail::Exact stages = detail::Exact(num_workers) * stages_per_worker;
+  TORCH_CHECK_VALUE(stages <= kMaxCells, num_workers, " workers with ", stages_per_worker,
+                    " stages each make ", detail::to_string(stages), " stages, more than the ",
+                    kMaxCells, " a schedule can hold");
+  check_size(static_cast<int64_t>(stages), num_microbatches);
   const int64_t W = num_workers;
   const int64_t v = stages_per_worker;
   const int64_t M = num_microbatches;

@@ -1,5 +1,7 @@
 #include "gpipe/schedule/runtime.h"
 
+#include "../exact.h"
+
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/thread_transport.h"
 #include "gpipe/schedule/validate.h"
@@ -35,13 +37,12 @@ namespace {
 std::vector<torch::nn::Sequential> split(const torch::nn::Sequential& module,
                                          const std::vector<int64_t>& balance) {
   TORCH_CHECK_VALUE(!balance.empty(), "balance must name at least one stage");
-  int64_t total = 0;
   for (const auto j : c10::irange(balance.size())) {
     TORCH_CHECK_VALUE(balance[j] > 0, "balance[", j, "] must be positive, but is ", balance[j]);
-    total += balance[j];
   }
-  TORCH_CHECK_VALUE(total == static_cast<int64_t>(module->size()), "balance adds up to ", total,
-                    " layers, but the module has ", module->size());
+  const detail::Exact total = detail::exact_sum(balance);
+  TORCH_CHECK_VALUE(total == static_cast<detail::Exact>(module->size()), "balance adds up to ",
+                    detail::to_string(total), " layers, but the module has ", module->size());
   const auto names = module->named_children().keys();
   std::vector<torch::nn::Sequential> stages;
   size_t layer = 0;

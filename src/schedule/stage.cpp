@@ -56,7 +56,9 @@ Batch Stage::run(int64_t microbatch, const Batch& input) {
       (checkpoint_ == CheckpointMode::kExceptLast && last)) {
     return input.call(module_, what);
   }
-  return gpipe::checkpoint([this, what](const Batch& x) { return x.call(module_, what); }, input);
+  // The recomputation holds the module, not the stage: it may outlive both.
+  return gpipe::checkpoint(
+      [module = module_, what](const Batch& x) mutable { return x.call(module, what); }, input);
 }
 
 void Stage::keep(int64_t microbatch, Pending pending) {
