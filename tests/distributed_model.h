@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <iostream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -16,10 +17,18 @@
 namespace gpipe {
 namespace testing {
 
+// Wall-clock time, comparable between the processes of one machine.
+inline int64_t milliseconds_since_epoch() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 constexpr int64_t kDistributedLayers = 16;  // 8 Linear + Tanh pairs
 
 // Passes its input on, except that when armed, its second call (micro-batch 1) throws, kills its
-// own process, hangs for an hour, or widens its output by one column, as `mode` says.
+// own process, hangs for an hour, stops its process (SIGSTOP, after printing "stopping at <ms
+// since the epoch>"), or widens its output by one column, as `mode` says.
 struct TrapImpl : torch::nn::Module {
   TrapImpl(std::string mode, bool armed) : mode(std::move(mode)), armed(armed) {}
 
@@ -28,6 +37,10 @@ struct TrapImpl : torch::nn::Module {
     if (mode == "throw") throw std::runtime_error("injected failure");
     if (mode == "kill") raise(SIGKILL);
     if (mode == "hang") std::this_thread::sleep_for(std::chrono::hours(1));
+    if (mode == "stop") {
+      std::cerr << "stopping at " << milliseconds_since_epoch() << std::endl;
+      raise(SIGSTOP);
+    }
     if (mode == "mismatch") return torch::cat({x, x.narrow(1, 0, 1)}, 1);
     return x;
   }

@@ -2,14 +2,17 @@
 //
 // Usage: distributed_worker --out DIR [--schedule gpipe|1f1b|interleaved_1f1b|zb1p]
 //            [--stages-per-rank V] [--chunks M] [--timeout-ms T] [--checkpoint MODE]
-//            [--data-parallel D] [--fail-rank R --fail-mode throw|kill|hang|mismatch]
+//            [--data-parallel D] [--fail-rank R --fail-mode throw|kill|hang|stop|mismatch]
+//            [--rendezvous-timeout-ms T] [--absent-from R]
 //
 // Trains one step of the model of distributed_model.h (W x V stages of even layers) and
 // writes DIR/loss_rank<r>.pt and DIR/grads_stage<s>_replica<d>.pt (the gradients of the stage's
 // parameters, in order; with D replicas, replica d trains on the d-th slice of the batch);
-// DIR/ok_rank<r> on success, or DIR/error_rank<r> with the message and exit status 1. With
-// --fail-rank R, stage R (on rank R) ends in a trap that, on the second micro-batch, throws,
-// SIGKILLs its own process, sleeps for an hour, or widens its output.
+// DIR/start_time_rank<r> (ms since the epoch); DIR/ok_rank<r> on success, or DIR/error_rank<r>
+// with the message, DIR/error_time_rank<r> with when it came, and exit status 1. With --fail-rank R, stage R (on rank R)
+// ends in a trap that, on the second micro-batch, throws, SIGKILLs its own process, sleeps for
+// an hour, SIGSTOPs its process, or widens its output. With --absent-from R, ranks R and above
+// exit at once, never joining.
 #include "distributed_model.h"
 #include "gpipe/distributed/pipeline_stage.h"
 
@@ -27,11 +30,21 @@ void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path) << text << "\n";
 }
 
+int fail(const std::string& out, int64_t rank, const std::string& message) {
+  const std::string suffix = "_rank" + std::to_string(rank);
+  write_text(out + "/error_time" + suffix,
+             std::to_string(gpipe::testing::milliseconds_since_epoch()));
+  write_text(out + "/error" + suffix, message);
+  std::cerr << "rank " << rank << ": " << message << std::endl;
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string out, schedule = "1f1b", fail_mode, checkpoint = "never";
   int64_t stages_per_rank = 1, chunks = 4, timeout_ms = 60000, fail_rank = -1, replicas = 1;
+  int64_t rendezvous_timeout_ms = 60000, absent_from = -1;
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string flag = argv[k];
     const std::string value = argv[k + 1];
@@ -53,9 +66,16 @@ int main(int argc, char** argv) {
       replicas = std::stoll(value);
     else if (flag == "--fail-mode")
       fail_mode = value;
+    else if (flag == "--rendezvous-timeout-ms")
+      rendezvous_timeout_ms = std::stoll(value);
+    else if (flag == "--absent-from")
+      absent_from = std::stoll(value);
   }
   const int64_t rank = std::atoll(std::getenv("RANK") ? std::getenv("RANK") : "0");
   const std::string suffix = "_rank" + std::to_string(rank);
+  if (absent_from >= 0 && rank >= absent_from) return 0;
+  write_text(out + "/start_time" + suffix,
+             std::to_string(gpipe::testing::milliseconds_since_epoch()));
   try {
     const int64_t world = std::atoll(std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "1");
     const int64_t S = world / replicas * stages_per_rank;
@@ -81,7 +101,8 @@ int main(int argc, char** argv) {
             .stages_per_rank(stages_per_rank)
             .checkpoint(gpipe::parse_checkpoint_mode(checkpoint))
             .data_parallel(replicas)
-            .timeout(std::chrono::milliseconds(timeout_ms)));
+            .timeout(std::chrono::milliseconds(timeout_ms))
+            .rendezvous_timeout(std::chrono::milliseconds(rendezvous_timeout_ms)));
     try {
       const torch::Tensor loss = pipe.step(input, target);
       torch::save(loss, out + "/loss" + suffix + ".pt");
@@ -93,18 +114,12 @@ int main(int argc, char** argv) {
       }
     } catch (const c10::Error& error) {
       // The PipelineStage must be destroyed before the process exits (see pipeline_stage.h).
-      write_text(out + "/error" + suffix, error.what_without_backtrace());
-      std::cerr << "rank " << rank << ": " << error.what_without_backtrace() << std::endl;
-      return 1;
+      return fail(out, rank, error.what_without_backtrace());
     }
   } catch (const c10::Error& error) {
-    write_text(out + "/error" + suffix, error.what_without_backtrace());
-    std::cerr << "rank " << rank << ": " << error.what_without_backtrace() << std::endl;
-    return 1;
+    return fail(out, rank, error.what_without_backtrace());
   } catch (const std::exception& error) {
-    write_text(out + "/error" + suffix, error.what());
-    std::cerr << "rank " << rank << ": " << error.what() << std::endl;
-    return 1;
+    return fail(out, rank, error.what());
   }
   write_text(out + "/ok" + suffix, "ok");
   return 0;

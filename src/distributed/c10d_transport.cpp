@@ -1,5 +1,6 @@
 #include "gpipe/distributed/c10d_transport.h"
 
+#include "bounded_store.h"
 #include "gpipe/stream.h"
 
 #include <ATen/Functions.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <exception>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -39,16 +41,15 @@ const char* kind_name(int64_t kind) {
   return "unknown message";
 }
 
-// Store keys, under the transport's prefix: the failure count, the failures in order, how many
-// ranks saw one, how many closed.
+// Store keys, under the transport's prefix: the failure count, the failures in order, per rank
+// whether it saw one, how many closed; per rank its heartbeat and the rank it waits for, plus 1
+// (0: none). Counters (add) all, so that reading a key never waits for it to be written.
 const std::string kFailures = "failures";
 const std::string kFailurePrefix = "failure/";
-const std::string kSeen = "failure_seen";
+const std::string kSeenPrefix = "seen/";
 const std::string kClosed = "closed";
-
-std::vector<uint8_t> bytes(const std::string& text) {
-  return std::vector<uint8_t>(text.begin(), text.end());
-}
+const std::string kAlivePrefix = "alive/";
+const std::string kWaitingPrefix = "waiting/";
 
 MessageMetadata metadata_of(const Batch& batch) {
   MessageMetadata meta;
@@ -226,6 +227,7 @@ C10dTransport::C10dTransport(ProcessGroup group, int64_t num_stages, C10dTranspo
                     device_, " tensors");
   TORCH_CHECK(device_.is_cpu() || nccl_available(), "rank ", rank(), " cannot move ", device_,
               " tensors: this gpipe was built with a LibTorch without NCCL (Debian's is CPU-only)");
+  store_ = std::make_unique<BoundedStore>(group_.store, options_.timeout());
   watcher_ = std::thread([this] { watch(); });
 }
 
@@ -242,16 +244,23 @@ C10dTransport::~C10dTransport() {
     if (!failure_ && !aborted_) {
       flush();
       // Rank 0 serves the store: it stays until every rank has closed.
-      group_.store->add(keys_ + kClosed, 1);
+      store_->add(keys_ + kClosed, 1);
       if (rank() == 0) {
         const auto closing = Clock::now() + options_.timeout();
-        while (group_.store->add(keys_ + kClosed, 0) < world_size() && Clock::now() < closing) {
+        while (store_->add(keys_ + kClosed, 0) < world_size() && Clock::now() < closing) {
           std::this_thread::sleep_for(std::chrono::milliseconds(5));
         }
       }
     } else if (rank() == 0) {
-      // Keep the store until the others have seen the failure, or they would blame rank 0.
-      while (group_.store->add(keys_ + kSeen, 0) < world_size() && Clock::now() < deadline) {
+      // Keep the store until every other rank has seen the failure, or they would blame rank 0.
+      // Each rank says so for itself, and the rank that recorded a dead or silent peer for it.
+      auto all_seen = [&] {
+        for (const auto r : c10::irange(world_size())) {
+          if (store_->add(keys_ + kSeenPrefix + std::to_string(r), 0) == 0) return false;
+        }
+        return true;
+      };
+      while (!all_seen() && Clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
@@ -503,6 +512,7 @@ void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::
   }
   check_not_failed("waiting for " + what);
   const auto start = Clock::now();
+  waiting_for_ = peer;  // published by the watcher, to find a silent rank (silent_rank)
   bool done = false;
   std::string error;
   try {
@@ -530,7 +540,12 @@ void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::
     std::lock_guard<std::mutex> lock(mutex_);
     waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), work), waiting_.end());
   }
-  if (done && error.empty()) return;
+  if (done && error.empty()) {
+    waiting_for_ = -1;
+    return;
+  }
+  // A failed wait still counts as waiting for `peer`: ranks that wait for this one, and look
+  // for the silent rank meanwhile, follow it on to `peer`.
   if (!done && error.empty()) throw_failure("waiting for " + what);  // aborted
   peer_failed(what, peer, error,
               seconds * 1000 >= 0.9 * static_cast<double>(options_.timeout().count()));
@@ -550,40 +565,94 @@ c10::intrusive_ptr<c10d::Work> C10dTransport::post(
 void C10dTransport::peer_failed(const std::string& what, int64_t peer, const std::string& error,
                                 bool timed_out) {
   // Gloo failed: the peer closed its connections or stayed silent. Another rank's failure may
-  // explain it (a failing rank records it before it exits): give the watcher a moment.
+  // explain it (a failing rank records it before it exits): give the watcher a moment, then look.
   const auto patience =
       Clock::now() + 4 * options_.poll_interval() + std::chrono::milliseconds(200);
   while (!failure() && Clock::now() < patience) {
     std::this_thread::sleep_for(options_.poll_interval() / 2);
   }
-  if (!failure()) {
-    std::ostringstream line;
-    line << "rank " << peer << " failed: "
-         << (timed_out ? "no answer within " + std::to_string(options_.timeout().count()) + " ms"
-                       : std::string("connection lost (did the process die?)"))
-         << " while rank " << rank() << " waited for " << what << " [" << error << "]";
-    record_failure(line.str(), /*for_peer=*/true);
+  std::optional<std::string> line;
+  try {
+    if (!failure()) {
+      if (auto found = lookup_failure()) adopt_failure(*found);
+    }
+    if (!failure()) {
+      // A silent peer may itself wait for another: name the rank that stopped answering.
+      std::string why;
+      const int64_t silent = timed_out ? silent_rank(peer, why) : peer;
+      std::ostringstream out;
+      out << "rank " << silent << " failed: "
+          << (timed_out ? "no answer within " + std::to_string(options_.timeout().count()) + " ms"
+                        : std::string("connection lost (did the process die?)"))
+          << why << " while rank " << rank() << " waited for " << what << " [" << error << "]";
+      record_failure(out.str(), silent);
+    }
+  } catch (const StoreUnresponsive& e) {
+    adopt_failure(store_failure(e.what()));
+  } catch (const std::exception& e) {
+    adopt_failure(store_failure(e.what()));
   }
   throw_failure("waiting for " + what);
+}
+
+int64_t C10dTransport::silent_rank(int64_t peer, std::string& why) {
+  // Each rank's watcher beats every poll_interval while its process runs, and says whom its
+  // worker waits for. Follow that from `peer`: the first rank whose beat stands still has
+  // stopped (SIGSTOP, a frozen machine); else the first that waits for nobody hangs in its own
+  // code. Its waiters, and theirs, only wait for it.
+  auto read = [&] {
+    std::vector<std::pair<int64_t, int64_t>> states;  // (beats, rank waited for or -1)
+    for (const auto r : c10::irange(world_size())) {
+      const std::string suffix = std::to_string(r);
+      states.emplace_back(store_->add(keys_ + kAlivePrefix + suffix, 0),
+                          store_->add(keys_ + kWaitingPrefix + suffix, 0) - 1);
+    }
+    return states;
+  };
+  const auto window =
+      std::max<std::chrono::milliseconds>(20 * options_.poll_interval(), std::chrono::seconds(1));
+  const auto before = read();
+  std::this_thread::sleep_for(window);
+  const auto after = read();
+  std::set<int64_t> visited{rank()};
+  int64_t r = peer;
+  while (true) {
+    if (after[r].first == before[r].first) {
+      why = " (its process has not run for " + std::to_string(window.count()) +
+            " ms: stopped or frozen?)";
+      return r;
+    }
+    visited.insert(r);
+    const int64_t next = after[r].second;
+    if (next < 0 || visited.count(next) != 0) break;
+    r = next;
+  }
+  if (r != peer) why = " (rank " + std::to_string(peer) + " was waiting for it)";
+  return r;
+}
+
+std::string C10dTransport::store_failure(const std::string& error) const {
+  return "rank 0 failed: the store it serves at " + group_.environment.master_addr + ":" +
+         std::to_string(group_.environment.master_port) +
+         " is lost or frozen (did the process die or stop?) [" + error + "]";
 }
 
 void C10dTransport::barrier(const std::string& name, std::chrono::milliseconds timeout) {
   const std::string key = keys_ + "barrier/" + name;
   const auto deadline = Clock::now() + timeout;
   try {
-    group_.store->add(key, 1);
-    while (group_.store->add(key, 0) < world_size()) {
+    store_->add(key, 1);
+    while (store_->add(key, 0) < world_size()) {
       TORCH_CHECK(Clock::now() < deadline, "rank ", rank(), ": not every rank reached '", name,
-                  "' within ", timeout.count(), " ms (", group_.store->add(key, 0), " of ",
+                  "' within ", timeout.count(), " ms (", store_->add(key, 0), " of ",
                   world_size(), " did)");
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   } catch (const c10::Error&) {
     throw;
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "rank 0 failed: lost the store it serves at ",
-                group_.environment.master_addr, ":", group_.environment.master_port, " while rank ",
-                rank(), " waited for every rank to reach '", name, "' [", e.what(), "]");
+    TORCH_CHECK(false, store_failure(e.what()), " while rank ", rank(),
+                " waited for every rank to reach '", name, "'");
   }
 }
 
@@ -628,7 +697,7 @@ std::optional<std::string> C10dTransport::failure() const {
   return failure_;
 }
 
-void C10dTransport::record_failure(const std::string& line, bool for_peer) {
+void C10dTransport::record_failure(const std::string& line, int64_t failed_peer) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failure_) return;
@@ -636,10 +705,17 @@ void C10dTransport::record_failure(const std::string& line, bool for_peer) {
   }
   reported_ = true;
   try {
-    const int64_t n = group_.store->add(keys_ + kFailures, 1);
-    group_.store->set(keys_ + kFailurePrefix + std::to_string(n), bytes(line));
+    const int64_t n = store_->add(keys_ + kFailures, 1);
+    store_->set(keys_ + kFailurePrefix + std::to_string(n), line);
+    if (n > 1) {
+      // Another rank recorded first: that is the failure every rank reports.
+      std::string first = store_->get(keys_ + kFailurePrefix + "1");
+      std::lock_guard<std::mutex> lock(mutex_);
+      failure_ = std::move(first);
+    }
+    store_->add(keys_ + kSeenPrefix + std::to_string(rank()), 1);
     // A failed peer will not say it saw the failure: this rank says so for it.
-    group_.store->add(keys_ + kSeen, for_peer ? 2 : 1);
+    if (failed_peer >= 0) store_->add(keys_ + kSeenPrefix + std::to_string(failed_peer), 1);
   } catch (const std::exception&) {
     // The store is gone with rank 0; the others find that out themselves.
   }
@@ -659,13 +735,12 @@ void C10dTransport::report_failure(const std::string& message) {
     adopt_failure(*first);
     return;
   }
-  record_failure("rank " + std::to_string(rank()) + " failed: " + message, /*for_peer=*/false);
+  record_failure("rank " + std::to_string(rank()) + " failed: " + message, /*failed_peer=*/-1);
 }
 
 std::optional<std::string> C10dTransport::lookup_failure() {
-  if (group_.store->add(keys_ + kFailures, 0) == 0) return std::nullopt;
-  const auto value = group_.store->get(keys_ + kFailurePrefix + "1");
-  return std::string(value.begin(), value.end());
+  if (store_->add(keys_ + kFailures, 0) == 0) return std::nullopt;
+  return store_->get(keys_ + kFailurePrefix + "1");
 }
 
 void C10dTransport::adopt_failure(const std::string& line) {
@@ -675,24 +750,29 @@ void C10dTransport::adopt_failure(const std::string& line) {
     failure_ = line;
   }
   try {
-    group_.store->add(keys_ + kSeen, 1);
+    store_->add(keys_ + kSeenPrefix + std::to_string(rank()), 1);
   } catch (const std::exception&) {
   }
   abort();
 }
 
 void C10dTransport::watch() {
+  const std::string alive = keys_ + kAlivePrefix + std::to_string(rank());
+  const std::string waiting = keys_ + kWaitingPrefix + std::to_string(rank());
+  int64_t published = -1;  // the rank waited for, as the store has it
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
     stop_changed_.wait_for(lock, options_.poll_interval(), [this] { return stop_; });
     if (stop_ || failure_) continue;
     lock.unlock();
     try {
+      store_->add(alive, 1);
+      const int64_t now = waiting_for_;
+      if (now != published) store_->add(waiting, now - published);
+      published = now;
       if (auto found = lookup_failure()) adopt_failure(*found);
     } catch (const std::exception& e) {
-      adopt_failure("rank 0 failed: lost the store it serves at " + group_.environment.master_addr +
-                    ":" + std::to_string(group_.environment.master_port) +
-                    " (did the process die?) [" + e.what() + "]");
+      adopt_failure(store_failure(e.what()));
     }
     lock.lock();
   }

@@ -14,7 +14,9 @@
 
 #include <cstdlib>
 #include <exception>
+#include <sstream>
 #include <string>
+#include <thread>
 
 namespace gpipe {
 namespace distributed {
@@ -34,23 +36,91 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const Environment& env) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// The message of `error` without LibTorch's backtrace.
+std::string message_of(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
+    return c10_error->what_without_backtrace();
+  }
+  return error.what();
+}
+
+// E.g. "8 s" or "2.5 s".
+std::string seconds(std::chrono::milliseconds duration) {
+  std::ostringstream out;
+  out << static_cast<double>(duration.count()) / 1000 << " s";
+  return out.str();
+}
+
+// Each rank says it joined; all wait until WORLD_SIZE have. At `deadline` rank 0 declares the
+// rendezvous failed and stays until the others have read that (at most a second), so that
+// every rank names the missing ones rather than the loss of rank 0's store; the others follow
+// rank 0, or their own deadline a second later.
+void wait_for_ranks(c10d::Store& store, const Environment& env,
+                    std::chrono::steady_clock::time_point deadline, const std::string& where) {
+  using Clock = std::chrono::steady_clock;
+  const std::string joined = "gpipe/rendezvous/joined";
+  const std::string failed = "gpipe/rendezvous/failed";
+  const std::string read = "gpipe/rendezvous/failure_read";
+  store.add(joined + "/" + std::to_string(env.rank), 1);
+  store.add(joined, 1);
+  if (env.rank != 0) deadline += std::chrono::seconds(1);
+  while (store.add(joined, 0) < env.world_size) {
+    const bool rank0_gave_up = env.rank != 0 && store.add(failed, 0) > 0;
+    if (Clock::now() < deadline && !rank0_gave_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    std::ostringstream missing;
+    int64_t absent = 0;
+    for (int64_t r = 0; r < env.world_size; ++r) {
+      if (store.add(joined + "/" + std::to_string(r), 0) > 0) continue;
+      missing << (absent++ ? ", " : "") << r;
+    }
+    if (env.rank == 0) {
+      store.add(failed, 1);
+      const auto linger = Clock::now() + std::chrono::seconds(1);
+      while (store.add(read, 0) < env.world_size - absent - 1 && Clock::now() < linger) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } else {
+      store.add(read, 1);
+    }
+    TORCH_CHECK(false, where, ": ", env.world_size - absent, " of ", env.world_size,
+                " ranks joined (missing: ", missing.str(), ")");
+  }
+}
+
 }  // namespace
 
 ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const std::string where = "rendezvous at " + env.master_addr + ":" +
+                            std::to_string(env.master_port) + " timed out after " +
+                            seconds(timeout);
   ProcessGroup result;
   result.environment = env;
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(env.master_port);
   options.isServer = env.rank == 0;
   options.numWorkers = static_cast<std::size_t>(env.world_size);
-  options.waitWorkers = true;
+  options.waitWorkers = false;  // counted below, to name the ranks that did not come
   options.timeout = timeout;
   try {
     result.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
   } catch (const std::exception& error) {
-    TORCH_CHECK(false, "rank ", env.rank, " could not join the rendezvous at ", env.master_addr,
-                ":", env.master_port, " (", env.world_size, " ranks) within ", timeout.count(),
-                " ms: ", error.what());
+    TORCH_CHECK(false, env.rank == 0
+                           ? "rank 0 could not serve the rendezvous at " + env.master_addr + ":" +
+                                 std::to_string(env.master_port) + " (is the port taken?)"
+                           : where + ": rank " + std::to_string(env.rank) +
+                                 " could not reach rank 0, which serves it",
+                " [", message_of(error), "]");
+  }
+  try {
+    wait_for_ranks(*result.store, env, deadline, where);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& error) {
+    TORCH_CHECK(false, where, ": lost rank 0, which serves it [", message_of(error), "]");
   }
   auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
   gloo->devices.push_back(gloo_device(env));
@@ -61,7 +131,7 @@ ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeou
     TORCH_CHECK(false, "rank ", env.rank, " could not connect the Gloo process group of ",
                 env.world_size, " ranks (timeout ", timeout.count(), " ms; a rank that is gone, ",
                 "or rank 0, which serves the store at ", env.master_addr, ":", env.master_port,
-                "?): ", error.what());
+                "?): ", message_of(error));
   }
   return result;
 }
@@ -79,7 +149,7 @@ c10::intrusive_ptr<Backend> new_group(const ProcessGroup& world, const std::vect
                                                        static_cast<int>(ranks.size()), gloo);
   } catch (const std::exception& error) {
     TORCH_CHECK(false, "rank ", world.rank(), " could not connect group '", name, "' of ",
-                ranks.size(), " ranks within ", timeout.count(), " ms: ", error.what());
+                ranks.size(), " ranks within ", timeout.count(), " ms: ", message_of(error));
   }
 }
 

@@ -23,9 +23,13 @@
 //
 // Failures: report_failure() writes "rank R failed: <message>" into the store. A watcher thread
 // polls the store; once any rank has failed, every wait of this rank is aborted and throws
-// c10::Error with that message. A peer that dies (its connections close) or stays silent past
-// the timeout is recorded as failed by the rank that waited for it. Losing the store means that
-// rank 0, which serves it, is gone. After a failure the transport is unusable: end the process.
+// c10::Error with that message. A peer that dies (its connections close) is recorded as failed
+// by the rank that waited for it. A wait that times out names the rank that stopped answering,
+// which need not be the peer waited for: every watcher beats in the store and says whom its
+// rank waits for, so the waits are followed to the rank that is stopped (no beat) or waits for
+// nobody (hangs in its own code), about a second after the timeout. Losing the store, or the
+// store not answering within the timeout, means that rank 0, which serves it, is gone or
+// stopped. After a failure the transport is unusable: end the process.
 //
 // Devices: a transport moves the tensors of one device, its option `device`: the stages' device
 // on this rank. CPU tensors go over the group's Gloo backend; CUDA tensors over NCCL, one
@@ -54,6 +58,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -63,6 +68,7 @@
 
 namespace gpipe {
 namespace distributed {
+class BoundedStore;  // src/distributed/bounded_store.h
 
 /// Options for C10dTransport.
 struct C10dTransportOptions {
@@ -205,9 +211,14 @@ class C10dTransport : public schedule::Transport {
   // Posts a send or receive; if Gloo refuses (a closed connection), the peer failed.
   c10::intrusive_ptr<c10d::Work> post(const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                                       const std::string& what, int64_t peer);
-  // Records that `peer` failed (unless another failure explains it) and throws.
+  // Records that `peer` failed (unless another failure explains it) and throws; after a
+  // timeout, the rank that stopped answering (silent_rank), which may be another.
   [[noreturn]] void peer_failed(const std::string& what, int64_t peer, const std::string& error,
                                 bool timed_out);
+  // The rank that made a wait for `peer` time out; `why` says how it was found.
+  int64_t silent_rank(int64_t peer, std::string& why);
+  // The failure of rank 0 when its store is lost or frozen (`error`: what the call said).
+  std::string store_failure(const std::string& error) const;
   [[noreturn]] void throw_failure(const std::string& what);
   void check_not_failed(const std::string& what);
   // True once abort() ran or a failure is known: waits must end.
@@ -217,10 +228,14 @@ class C10dTransport : public schedule::Transport {
   std::optional<std::string> lookup_failure();
   // Takes another rank's failure as this rank's: aborts the waits, tells the store it was seen.
   void adopt_failure(const std::string& line);
-  // Writes `line` as a failure; `for_peer` when it is that of the (dead) peer, not this rank.
-  void record_failure(const std::string& line, bool for_peer);
+  // Writes `line` as the failure, unless one came first (then takes that one); `failed_peer`
+  // (or -1) is the dead or silent rank it names, which will not say it saw it.
+  void record_failure(const std::string& line, int64_t failed_peer);
 
   ProcessGroup group_;
+  // Every store call of the transport goes through it: none waits past the timeout.
+  std::unique_ptr<BoundedStore> store_;
+  std::atomic<int64_t> waiting_for_{-1};  // the rank wait() waits for, or -1
   int64_t num_stages_;
   C10dTransportOptions options_;
   int64_t pipeline_size_;
