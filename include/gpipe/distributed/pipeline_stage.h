@@ -78,8 +78,8 @@ struct PipelineStageOptions {
   /// How the loss function reduces a micro-batch. Default: LossReduction::kMean.
   TORCH_ARG(schedule::LossReduction, loss_reduction) = schedule::LossReduction::kMean;
 
-  /// The longest any send or receive waits for its peer before the peer counts as failed.
-  /// Default: 300 s.
+  /// The longest any send or receive waits for its peer, or any call for the store, before a
+  /// rank counts as failed: the one that stopped answering (c10d_transport.h). Default: 300 s.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(300);
 
   /// The longest the ranks wait for each other to start and connect (rendezvous.h), and the

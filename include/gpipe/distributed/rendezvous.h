@@ -41,7 +41,8 @@ struct ProcessGroup {
 
 /// Connects to the other ranks of `env` (rank 0 serves the store), waiting at most `timeout`
 /// for all of them; the process group's operations time out after `timeout` as well. Throws
-/// c10::Error naming MASTER_ADDR:MASTER_PORT if the ranks do not all join in time.
+/// c10::Error naming MASTER_ADDR:MASTER_PORT and the ranks that did not join if they do not all
+/// join in time (rank 0 then stays up to a second more, until the others have read that).
 ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeout);
 
 /// A Gloo process group among `ranks` of `world` (like torch.distributed.new_group), whose
