@@ -36,6 +36,7 @@ struct BoundedStore::State {
       call();  // its exception goes to its future
       lock.lock();
       busy_since.reset();
+      changed.notify_all();  // for the destructor
     }
   }
 };
@@ -50,12 +51,18 @@ BoundedStore::BoundedStore(c10::intrusive_ptr<c10d::Store> store,
 BoundedStore::~BoundedStore() {
   bool stuck;
   {
-    std::lock_guard<std::mutex> lock(state_->mutex);
+    std::unique_lock<std::mutex> lock(state_->mutex);
     state_->stop = true;
     state_->calls.clear();
-    stuck = state_->unresponsive;
+    // A call in progress gets the rest of its patience to finish.
+    const auto deadline =
+        state_->busy_since.value_or(std::chrono::steady_clock::now()) + patience_;
+    state_->changed.notify_all();
+    state_->changed.wait_until(lock, deadline, [&] {
+      return state_->unresponsive || !state_->busy_since;
+    });
+    stuck = state_->unresponsive || state_->busy_since.has_value();
   }
-  state_->changed.notify_all();
   if (stuck) {
     state_->thread.detach();  // it may never come back from the store
   } else {
