@@ -1,9 +1,9 @@
 #include "gpipe/microbatch.h"
 
 #include <ATen/ops/cat.h>
-#include <algorithm>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
+#include <algorithm>
 
 namespace gpipe {
 

@@ -96,12 +96,12 @@ TEST(DistributedFaultTest, StoppedRankIsNamedWithinTimeout) {
   constexpr int64_t kTimeoutMs = 3000;
   constexpr int64_t kMarginMs = 3000;
   for (int stopped = 0; stopped < 4; ++stopped) {
-    const auto launch = testing::launch_workers(
-        4,
-        "--schedule 1f1b --timeout-ms " + std::to_string(kTimeoutMs) +
-            " --rendezvous-timeout-ms 60000 --fail-rank " + std::to_string(stopped) +
-            " --fail-mode stop",
-        /*grace=*/1);
+    const auto launch =
+        testing::launch_workers(4,
+                                "--schedule 1f1b --timeout-ms " + std::to_string(kTimeoutMs) +
+                                    " --rendezvous-timeout-ms 60000 --fail-rank " +
+                                    std::to_string(stopped) + " --fail-mode stop",
+                                /*grace=*/1);
     EXPECT_NE(launch.exit_code, 0) << launch.output;
     const auto at = launch.output.find("stopping at ");
     ASSERT_NE(at, std::string::npos) << launch.output;

@@ -9,10 +9,10 @@
 // writes DIR/loss_rank<r>.pt and DIR/grads_stage<s>_replica<d>.pt (the gradients of the stage's
 // parameters, in order; with D replicas, replica d trains on the d-th slice of the batch);
 // DIR/start_time_rank<r> (ms since the epoch); DIR/ok_rank<r> on success, or DIR/error_rank<r>
-// with the message, DIR/error_time_rank<r> with when it came, and exit status 1. With --fail-rank R, stage R (on rank R)
-// ends in a trap that, on the second micro-batch, throws, SIGKILLs its own process, sleeps for
-// an hour, SIGSTOPs its process, or widens its output. With --absent-from R, ranks R and above
-// exit at once, never joining.
+// with the message, DIR/error_time_rank<r> with when it came, and exit status 1. With --fail-rank
+// R, stage R (on rank R) ends in a trap that, on the second micro-batch, throws, SIGKILLs its own
+// process, sleeps for an hour, SIGSTOPs its process, or widens its output. With --absent-from R,
+// ranks R and above exit at once, never joining.
 #include "distributed_model.h"
 #include "gpipe/distributed/pipeline_stage.h"
 

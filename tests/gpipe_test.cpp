@@ -471,8 +471,8 @@ TEST(GPipeTest, DestroyedBeforeBackward) {
     const auto input = torch::rand({6, 4}, torch::kDouble).requires_grad_(true);
     auto run = [&](bool keep) {
       torch::manual_seed(1);  // the same dropout masks
-      auto model = std::make_unique<GPipe>(
-          sequential, GPipeOptions({2, 2}).chunks(3).checkpoint(mode));
+      auto model =
+          std::make_unique<GPipe>(sequential, GPipeOptions({2, 2}).chunks(3).checkpoint(mode));
       const auto output = (*model)->forward(input);
       if (!keep) model.reset();
       output.sum().backward();

@@ -55,12 +55,10 @@ BoundedStore::~BoundedStore() {
     state_->stop = true;
     state_->calls.clear();
     // A call in progress gets the rest of its patience to finish.
-    const auto deadline =
-        state_->busy_since.value_or(std::chrono::steady_clock::now()) + patience_;
+    const auto deadline = state_->busy_since.value_or(std::chrono::steady_clock::now()) + patience_;
     state_->changed.notify_all();
-    state_->changed.wait_until(lock, deadline, [&] {
-      return state_->unresponsive || !state_->busy_since;
-    });
+    state_->changed.wait_until(lock, deadline,
+                               [&] { return state_->unresponsive || !state_->busy_since; });
     stuck = state_->unresponsive || state_->busy_since.has_value();
   }
   if (stuck) {
@@ -71,15 +69,13 @@ BoundedStore::~BoundedStore() {
 }
 
 void BoundedStore::call(std::function<void(c10d::Store&)> function) {
-  std::packaged_task<void()> task([state = state_, function = std::move(function)] {
-    function(*state->store);
-  });
+  std::packaged_task<void()> task(
+      [state = state_, function = std::move(function)] { function(*state->store); });
   std::future<void> done = task.get_future();
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (state_->unresponsive || state_->stop) {
-      throw StoreUnresponsive("did not answer within " + std::to_string(patience_.count()) +
-                              " ms");
+      throw StoreUnresponsive("did not answer within " + std::to_string(patience_.count()) + " ms");
     }
     state_->calls.push_back(std::move(task));
   }
@@ -93,8 +89,7 @@ void BoundedStore::call(std::function<void(c10d::Store&)> function) {
     const auto since = state_->busy_since ? std::min(start, *state_->busy_since) : start;
     if (state_->unresponsive || now - since >= patience_) {
       state_->unresponsive = true;
-      throw StoreUnresponsive("did not answer within " + std::to_string(patience_.count()) +
-                              " ms");
+      throw StoreUnresponsive("did not answer within " + std::to_string(patience_.count()) + " ms");
     }
   }
   done.get();  // rethrows the store's exception

@@ -644,8 +644,8 @@ void C10dTransport::barrier(const std::string& name, std::chrono::milliseconds t
     store_->add(key, 1);
     while (store_->add(key, 0) < world_size()) {
       TORCH_CHECK(Clock::now() < deadline, "rank ", rank(), ": not every rank reached '", name,
-                  "' within ", timeout.count(), " ms (", store_->add(key, 0), " of ",
-                  world_size(), " did)");
+                  "' within ", timeout.count(), " ms (", store_->add(key, 0), " of ", world_size(),
+                  " did)");
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   } catch (const c10::Error&) {

@@ -108,11 +108,11 @@ ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeou
   try {
     result.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
   } catch (const std::exception& error) {
-    TORCH_CHECK(false, env.rank == 0
-                           ? "rank 0 could not serve the rendezvous at " + env.master_addr + ":" +
-                                 std::to_string(env.master_port) + " (is the port taken?)"
-                           : where + ": rank " + std::to_string(env.rank) +
-                                 " could not reach rank 0, which serves it",
+    TORCH_CHECK(false,
+                env.rank == 0 ? "rank 0 could not serve the rendezvous at " + env.master_addr +
+                                    ":" + std::to_string(env.master_port) + " (is the port taken?)"
+                              : where + ": rank " + std::to_string(env.rank) +
+                                    " could not reach rank 0, which serves it",
                 " [", message_of(error), "]");
   }
   try {
