@@ -1,27 +1,20 @@
 #include "gpipe/pipe.h"
 
-#include "exact.h"
 #include "gpipe/batchnorm.h"
 #include "gpipe/pipeline.h"
 #include "gpipe/skip/skippable.h"
 #include "gpipe/stream.h"
+#include "split.h"
 
 #include <c10/util/irange.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
-#include <numeric>
 #include <sstream>
 #include <unordered_map>
 
 namespace gpipe {
 namespace {
-
-// Appended to balance errors: the balance is easiest found by measuring.
-constexpr const char* kAutoBalanceAdvice =
-    "\n\nIf your model is still changing, let gpipe::balance find the balance:\n"
-    "  auto balance = gpipe::balance::balance_by_time(partitions, sequential, sample);\n"
-    "  gpipe::GPipe model(sequential, gpipe::GPipeOptions(balance));";
 
 std::string to_string(const std::vector<int64_t>& values) {
   std::ostringstream out;
@@ -74,13 +67,7 @@ GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
   }
 
   const auto& balance = options_.balance();
-  const detail::Exact total = detail::exact_sum(balance);
-  TORCH_CHECK_VALUE(static_cast<detail::Exact>(module->size()) == total,
-                    "module and sum of balance have different length (module: ", module->size(),
-                    ", sum of balance: ", detail::to_string(total), ")", kAutoBalanceAdvice);
-  TORCH_CHECK_VALUE(std::all_of(balance.begin(), balance.end(), [](int64_t b) { return b > 0; }),
-                    "all balance numbers must be positive integer (balance: ", to_string(balance),
-                    ")", kAutoBalanceAdvice);
+  std::vector<torch::nn::Sequential> partitions = detail::split_by_balance(module, balance);
 
   auto devices = options_.devices();
   if (devices.empty()) devices.assign(balance.size(), c10::Device(c10::kCPU));
@@ -89,17 +76,11 @@ GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
                     ", partitions: ", balance.size(), ")");
   devices.erase(devices.begin() + static_cast<std::ptrdiff_t>(balance.size()), devices.end());
 
-  // Split into Sequentials that keep each layer's name: parameters read "partitions.1.3.weight".
-  const auto names = module->named_children().keys();
+  // Parameters read "partitions.1.3.weight": the partitions keep each layer's name.
   auto modules = register_module("partitions", torch::nn::ModuleList());
-  size_t layer = 0;
-  auto any_layer = module->begin();
+  for (const auto layer : c10::irange(module->size())) layers_.push_back(module->ptr(layer));
   for (const auto j : c10::irange(balance.size())) {
-    torch::nn::Sequential partition;
-    for (int64_t k = 0; k < balance[j]; ++k, ++layer, ++any_layer) {
-      partition->push_back(names[layer], *any_layer);
-      layers_.push_back(module->ptr(layer));
-    }
+    torch::nn::Sequential partition = partitions[j];
     const c10::Device device = detail::normalize_device(devices[j]);
     partition->to(device);
     modules->push_back(partition);

@@ -1,6 +1,7 @@
 #include "gpipe/distributed/pipeline_stage.h"
 
 #include "../exact.h"
+#include "../split.h"
 
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/validate.h"
@@ -56,12 +57,7 @@ void check_layout(int64_t world_size, const torch::nn::Sequential& module,
                     balance.size(), " stages, but WORLD_SIZE = ", world_size, " ranks",
                     (D > 1 ? " in " + std::to_string(D) + " replicas" : std::string()), " with ",
                     options.stages_per_rank(), " stage(s) each run ", detail::to_string(stages));
-  for (const auto j : c10::irange(balance.size())) {
-    TORCH_CHECK_VALUE(balance[j] > 0, "balance[", j, "] must be positive, but is ", balance[j]);
-  }
-  const detail::Exact total = detail::exact_sum(balance);
-  TORCH_CHECK_VALUE(total == static_cast<detail::Exact>(module->size()), "balance adds up to ",
-                    detail::to_string(total), " layers, but the module has ", module->size());
+  detail::check_balance(module, balance);
 }
 
 std::string message_of(const std::exception& error) {
@@ -97,17 +93,11 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
       options_.device() ? *options_.device() : default_device(group.environment));
   num_stages_ = static_cast<int64_t>(balance.size());
   by_index_.assign(num_stages_, nullptr);
-  const auto names = module->named_children().keys();
-  size_t layer = 0;
-  auto any_layer = module->begin();
+  auto parts = detail::split_by_balance(module, balance);
   for (const auto s : c10::irange(num_stages_)) {
-    torch::nn::Sequential part;
-    for (int64_t k = 0; k < balance[s]; ++k, ++layer, ++any_layer) {
-      part->push_back(names[layer], *any_layer);
-    }
     if (s % P != rank % P) continue;
-    part->to(device);
-    stages_.push_back(std::make_unique<schedule::Stage>(s, num_stages_, std::move(part), device,
+    parts[s]->to(device);
+    stages_.push_back(std::make_unique<schedule::Stage>(s, num_stages_, std::move(parts[s]), device,
                                                         options_.checkpoint()));
     by_index_[s] = stages_.back().get();
   }

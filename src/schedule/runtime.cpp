@@ -1,6 +1,6 @@
 #include "gpipe/schedule/runtime.h"
 
-#include "../exact.h"
+#include "../split.h"
 
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/thread_transport.h"
@@ -31,33 +31,6 @@ std::ostream& operator<<(std::ostream& out, LossReduction reduction) {
 }
 
 PipelineScheduleOptions::PipelineScheduleOptions(int64_t chunks) : chunks_(chunks) {}
-
-namespace {
-
-std::vector<torch::nn::Sequential> split(const torch::nn::Sequential& module,
-                                         const std::vector<int64_t>& balance) {
-  TORCH_CHECK_VALUE(!balance.empty(), "balance must name at least one stage");
-  for (const auto j : c10::irange(balance.size())) {
-    TORCH_CHECK_VALUE(balance[j] > 0, "balance[", j, "] must be positive, but is ", balance[j]);
-  }
-  const detail::Exact total = detail::exact_sum(balance);
-  TORCH_CHECK_VALUE(total == static_cast<detail::Exact>(module->size()), "balance adds up to ",
-                    detail::to_string(total), " layers, but the module has ", module->size());
-  const auto names = module->named_children().keys();
-  std::vector<torch::nn::Sequential> stages;
-  size_t layer = 0;
-  auto any_layer = module->begin();
-  for (const int64_t count : balance) {
-    torch::nn::Sequential stage;
-    for (int64_t k = 0; k < count; ++k, ++layer, ++any_layer) {
-      stage->push_back(names[layer], *any_layer);
-    }
-    stages.push_back(stage);
-  }
-  return stages;
-}
-
-}  // namespace
 
 PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, LossFunction loss,
                                    PipelineScheduleOptions options)
@@ -120,7 +93,8 @@ void PipelineSchedule::verify_skips_within_stages() const {
 PipelineSchedule::PipelineSchedule(const torch::nn::Sequential& module,
                                    const std::vector<int64_t>& balance, LossFunction loss,
                                    PipelineScheduleOptions options)
-    : PipelineSchedule(split(module, balance), std::move(loss), std::move(options)) {}
+    : PipelineSchedule(detail::split_by_balance(module, balance), std::move(loss),
+                       std::move(options)) {}
 
 Schedule PipelineSchedule::schedule(int64_t num_microbatches) {
   std::lock_guard<std::mutex> lock(mutex_);
