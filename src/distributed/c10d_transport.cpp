@@ -1,7 +1,8 @@
 #include "gpipe/distributed/c10d_transport.h"
 
-#include "bounded_store.h"
+#include "failure_monitor.h"
 #include "gpipe/stream.h"
+#include "wire_format.h"
 
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
@@ -11,7 +12,6 @@
 #include <algorithm>
 #include <exception>
 #include <functional>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -21,120 +21,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int64_t kHeaderSize = 256;
-constexpr int64_t kHeaderBytes = kHeaderSize * static_cast<int64_t>(sizeof(int64_t));
-constexpr int64_t kAlignment = 64;      // of each tensor in a one-message batch
-constexpr int64_t kMagic = 0x67706970;  // "gpip"
-constexpr int64_t kUndefined = -1;      // the dtype of an undefined tensor
-
-enum MessageKind : int64_t { kActivation = 0, kGradient = 1, kValue = 2 };
-
-const char* kind_name(int64_t kind) {
-  switch (kind) {
-    case kActivation:
-      return "activation";
-    case kGradient:
-      return "gradient";
-    case kValue:
-      return "value";
-  }
-  return "unknown message";
-}
-
-// Store keys, under the transport's prefix: the failure count, the failures in order, per rank
-// whether it saw one, how many closed; per rank its heartbeat and the rank it waits for, plus 1
-// (0: none). Counters (add) all, so that reading a key never waits for it to be written.
-const std::string kFailures = "failures";
-const std::string kFailurePrefix = "failure/";
-const std::string kSeenPrefix = "seen/";
-const std::string kClosed = "closed";
-const std::string kAlivePrefix = "alive/";
-const std::string kWaitingPrefix = "waiting/";
-
-MessageMetadata metadata_of(const Batch& batch) {
-  MessageMetadata meta;
-  meta.atomic = batch.atomic();
-  for (const auto& t : batch) {
-    meta.dtypes.push_back(t.defined() ? static_cast<int64_t>(t.scalar_type()) : kUndefined);
-    meta.shapes.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
-  }
-  return meta;
-}
-
-// E.g. "(Float[2, 8], Long[2])"; with `any_batch`, the first dimension prints as *.
-std::string describe(const MessageMetadata& meta, bool any_batch = false) {
-  std::ostringstream out;
-  out << "(";
-  for (const auto k : c10::irange(meta.dtypes.size())) {
-    if (k > 0) out << ", ";
-    if (meta.dtypes[k] == kUndefined) {
-      out << "undefined";
-      continue;
-    }
-    out << c10::toString(static_cast<c10::ScalarType>(meta.dtypes[k])) << "[";
-    for (const auto d : c10::irange(meta.shapes[k].size())) {
-      if (d > 0) out << ", ";
-      if (d == 0 && any_batch) {
-        out << "*";
-      } else {
-        out << meta.shapes[k][d];
-      }
-    }
-    out << "]";
-  }
-  out << ")";
-  return out.str();
-}
-
-// Same tensors, dtypes and shapes but (with any_batch) the first dimension.
-bool agrees(const MessageMetadata& a, const MessageMetadata& b, bool any_batch) {
-  if (a.atomic != b.atomic || a.dtypes != b.dtypes) return false;
-  for (const auto k : c10::irange(a.shapes.size())) {
-    const auto& x = a.shapes[k];
-    const auto& y = b.shapes[k];
-    if (x.size() != y.size()) return false;
-    for (const auto d : c10::irange(x.size())) {
-      if ((d > 0 || !any_batch) && x[d] != y[d]) return false;
-    }
-  }
-  return true;
-}
-
-// A gradient matches its activation: each tensor undefined or of the activation's dtype and shape.
-bool fits(const MessageMetadata& grad, const MessageMetadata& activation) {
-  if (grad.dtypes.size() != activation.dtypes.size()) return false;
-  for (const auto k : c10::irange(grad.dtypes.size())) {
-    if (grad.dtypes[k] == kUndefined) continue;
-    if (grad.dtypes[k] != activation.dtypes[k] || grad.shapes[k] != activation.shapes[k]) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// Where a batch's tensors sit in its one message: after the header, each defined tensor's data
-// at a 64-byte-aligned offset (-1 for an undefined tensor); `bytes` in all. Sender and receiver
-// compute it alike from the metadata.
-struct MessageLayout {
-  std::vector<int64_t> offsets;
-  int64_t bytes = kHeaderBytes;
+// A receive posted ahead, and the buffer it receives into.
+struct PostedReceive {
+  c10::intrusive_ptr<c10d::Work> work;
+  at::Tensor buffer;
 };
-
-MessageLayout layout_of(const MessageMetadata& meta) {
-  MessageLayout layout;
-  for (const auto k : c10::irange(meta.dtypes.size())) {
-    if (meta.dtypes[k] == kUndefined) {
-      layout.offsets.push_back(-1);
-      continue;
-    }
-    layout.offsets.push_back(layout.bytes);
-    const int64_t size =
-        c10::multiply_integers(meta.shapes[k]) *
-        static_cast<int64_t>(c10::elementSize(static_cast<c10::ScalarType>(meta.dtypes[k])));
-    layout.bytes += (size + kAlignment - 1) / kAlignment * kAlignment;
-  }
-  return layout;
-}
 
 // The tag of values between ranks (send_to_rank), after the edges' tags (edge_tag).
 int value_tag(int64_t num_stages) { return static_cast<int>(2 * num_stages); }
@@ -145,64 +36,25 @@ std::string next_message(int64_t from_stage, int64_t to_stage) {
          std::to_string(to_stage);
 }
 
-// The bytes of `buffer` at `offset` as a tensor of `dtype` and `shape` (a view, no copy).
-at::Tensor view_bytes(const at::Tensor& buffer, int64_t offset, int64_t dtype,
-                      const std::vector<int64_t>& shape) {
-  const auto type = static_cast<c10::ScalarType>(dtype);
-  const int64_t numel = c10::multiply_integers(shape);
-  const int64_t size = numel * static_cast<int64_t>(c10::elementSize(type));
-  return buffer.narrow(0, offset, size).view(type).view(shape);
-}
+}  // namespace
 
-at::Tensor encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const MessageMetadata& meta,
-                  bool one_message) {
-  std::vector<int64_t> h{kMagic,
-                         kind,
-                         tag,
-                         from,
-                         to,
-                         meta.atomic ? 1 : 0,
-                         static_cast<int64_t>(meta.dtypes.size()),
-                         one_message ? 1 : 0};
-  for (const auto k : c10::irange(meta.dtypes.size())) {
-    h.push_back(meta.dtypes[k]);
-    h.push_back(static_cast<int64_t>(meta.shapes[k].size()));
-    h.insert(h.end(), meta.shapes[k].begin(), meta.shapes[k].end());
-  }
-  TORCH_CHECK_VALUE(static_cast<int64_t>(h.size()) <= kHeaderSize, "stage ", from,
-                    " cannot send the metadata of ", meta.dtypes.size(), " tensors ",
-                    describe(meta), " to stage ", to, ": it needs ", h.size(),
-                    " header entries, but a header holds ", kHeaderSize);
-  h.resize(kHeaderSize, 0);
-  return at::tensor(h, at::kLong);
-}
-
-struct Header {
-  int64_t kind, tag, from, to;
-  MessageMetadata meta;
-  bool one_message;  // the tensors' data follows the header in the same message
+struct C10dTransport::Edge {
+  std::optional<MessageMetadata> agreed;  // fixed by the edge's first message
+  // The largest message so far on the edge, in bytes (0 before the first): the receiver posts
+  // buffers of this size (at least a header's), and a batch that fits goes as one message.
+  // Both ends keep it alike.
+  int64_t send_capacity = 0;
+  int64_t recv_capacity = 0;
+  int64_t expected = 0;                 // messages still to come in this step (expect())
+  std::optional<PostedReceive> posted;  // the receive of the next message, posted ahead
 };
 
-Header decode(const at::Tensor& received, int64_t rank, int64_t peer) {
-  const at::Tensor tensor = received.to(at::kCPU);  // a NCCL message's header is on its GPU
-  const int64_t* h = tensor.data_ptr<int64_t>();
-  TORCH_CHECK_VALUE(h[0] == kMagic, "rank ", rank, " received a message from rank ", peer,
-                    " that is not a gpipe header: is rank ", peer, " running the same program?");
-  Header header{h[1], h[2], h[3], h[4], {}, h[7] != 0};
-  header.meta.atomic = h[5] != 0;
-  int64_t at = 8;
-  for (int64_t k = 0; k < h[6] && at + 1 < kHeaderSize; ++k) {
-    header.meta.dtypes.push_back(h[at]);
-    const int64_t ndim = h[at + 1];
-    at += 2;
-    TORCH_CHECK_VALUE(ndim >= 0 && at + ndim <= kHeaderSize, "corrupt header from rank ", peer);
-    header.meta.shapes.emplace_back(h + at, h + at + ndim);
-    at += ndim;
-  }
-  return header;
-}
-
-}  // namespace
+struct C10dTransport::State {
+  std::map<std::pair<int64_t, int64_t>, Edge> edges;
+  // Activations sent per (to_stage, micro-batch): what their gradients must look like.
+  std::map<std::pair<int64_t, int64_t>, MessageMetadata> sent;
+  std::map<int64_t, PostedReceive> posted_values;  // post_recv_from_rank, per rank
+};
 
 C10dTransport::C10dTransport(ProcessGroup group, int64_t num_stages, C10dTransportOptions options)
     : group_(std::move(group)),
@@ -213,7 +65,8 @@ C10dTransport::C10dTransport(ProcessGroup group, int64_t num_stages, C10dTranspo
       // Every rank makes its transports over a group in the same order, so the count names the
       // same transport on every rank and keeps its keys apart from earlier ones.
       keys_("gpipe/transport" + std::to_string(group_.transports ? (*group_.transports)++ : 0) +
-            "/") {
+            "/"),
+      state_(std::make_unique<State>()) {
   TORCH_CHECK_VALUE(num_stages > 0, "num_stages must be positive, but got ", num_stages);
   TORCH_CHECK_VALUE(group_.world_size() % pipeline_size_ == 0, "pipelines of ", pipeline_size_,
                     " ranks do not divide WORLD_SIZE = ", group_.world_size());
@@ -227,46 +80,20 @@ C10dTransport::C10dTransport(ProcessGroup group, int64_t num_stages, C10dTranspo
                     device_, " tensors");
   TORCH_CHECK(device_.is_cpu() || nccl_available(), "rank ", rank(), " cannot move ", device_,
               " tensors: this gpipe was built with a LibTorch without NCCL (Debian's is CPU-only)");
-  store_ = std::make_unique<BoundedStore>(group_.store, options_.timeout());
-  watcher_ = std::thread([this] { watch(); });
+  monitor_ = std::make_unique<FailureMonitor>(group_, keys_, options_.timeout(),
+                                              options_.poll_interval(), [this] { abort(); });
 }
 
 C10dTransport::~C10dTransport() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  stop_changed_.notify_all();
-  watcher_.join();
-  const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(
-                                           options_.timeout(), std::chrono::seconds(10));
-  try {
-    if (!failure_ && !aborted_) {
+  bool failed = aborted();
+  if (!failed) {
+    try {
       flush();
-      // Rank 0 serves the store: it stays until every rank has closed.
-      store_->add(keys_ + kClosed, 1);
-      if (rank() == 0) {
-        const auto closing = Clock::now() + options_.timeout();
-        while (store_->add(keys_ + kClosed, 0) < world_size() && Clock::now() < closing) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        }
-      }
-    } else if (rank() == 0) {
-      // Keep the store until every other rank has seen the failure, or they would blame rank 0.
-      // Each rank says so for itself, and the rank that recorded a dead or silent peer for it.
-      auto all_seen = [&] {
-        for (const auto r : c10::irange(world_size())) {
-          if (store_->add(keys_ + kSeenPrefix + std::to_string(r), 0) == 0) return false;
-        }
-        return true;
-      };
-      while (!all_seen() && Clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
+    } catch (const std::exception&) {
+      failed = true;  // it records the failure
     }
-  } catch (const std::exception&) {
-    // Closing after a failure: nothing left to tell anyone.
   }
+  monitor_->close(failed);
 }
 
 C10dTransport::Edge& C10dTransport::edge(int64_t from_stage, int64_t to_stage) {
@@ -274,7 +101,7 @@ C10dTransport::Edge& C10dTransport::edge(int64_t from_stage, int64_t to_stage) {
       from_stage >= 0 && from_stage < num_stages_ && to_stage >= 0 && to_stage < num_stages_ &&
           (to_stage == from_stage + 1 || to_stage + 1 == from_stage),
       "no edge from stage ", from_stage, " to stage ", to_stage, " among ", num_stages_, " stages");
-  return edges_[{from_stage, to_stage}];
+  return state_->edges[{from_stage, to_stage}];
 }
 
 Backend& C10dTransport::backend(const c10::Device& device, int tag) {
@@ -308,15 +135,15 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
                       " sends to stage ", to_stage, " for micro-batch ", tag, " an activation ",
                       describe(meta), ", but the edge agreed on ", describe(*e.agreed, true),
                       " with its first message");
-    sent_[{to_stage, tag}] = meta;
+    state_->sent[{to_stage, tag}] = meta;
   } else {
-    auto it = sent_.find({from_stage, tag});
-    TORCH_INTERNAL_ASSERT(it != sent_.end(), "no activation of micro-batch ", tag,
+    auto it = state_->sent.find({from_stage, tag});
+    TORCH_INTERNAL_ASSERT(it != state_->sent.end(), "no activation of micro-batch ", tag,
                           " came to stage ", from_stage);
     TORCH_CHECK_VALUE(fits(meta, it->second), "stage ", from_stage, " sends to stage ", to_stage,
                       " for micro-batch ", tag, " a gradient ", describe(meta),
                       ", but the activation was ", describe(it->second));
-    sent_.erase(it);
+    state_->sent.erase(it);
   }
   const int peer = static_cast<int>(rank_of(to_stage));
   const int t = edge_tag(from_stage, to_stage);
@@ -391,15 +218,15 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
                       " received from stage ", from_stage, " for micro-batch ", tag,
                       " an activation ", describe(h.meta), ", but the edge agreed on ",
                       describe(*e.agreed, true), " with its first message");
-    sent_[{to_stage, tag}] = h.meta;
+    state_->sent[{to_stage, tag}] = h.meta;
   } else {
-    auto it = sent_.find({from_stage, tag});
-    TORCH_INTERNAL_ASSERT(it != sent_.end(), "stage ", to_stage, " sent no activation of ",
+    auto it = state_->sent.find({from_stage, tag});
+    TORCH_INTERNAL_ASSERT(it != state_->sent.end(), "stage ", to_stage, " sent no activation of ",
                           "micro-batch ", tag);
     TORCH_CHECK_VALUE(fits(h.meta, it->second), "stage ", to_stage, " received from stage ",
                       from_stage, " for micro-batch ", tag, " a gradient ", describe(h.meta),
                       ", but the activation was ", describe(it->second));
-    sent_.erase(it);
+    state_->sent.erase(it);
   }
   const MessageLayout layout = layout_of(h.meta);
   std::vector<at::Tensor> tensors;
@@ -461,7 +288,7 @@ void C10dTransport::flush() {
 }
 
 void C10dTransport::begin_step() {
-  for (auto& [key, e] : edges_) e.agreed.reset();
+  for (auto& [key, e] : state_->edges) e.agreed.reset();
 }
 
 void C10dTransport::send_to_rank(at::Tensor value, int64_t to_rank) {
@@ -480,26 +307,26 @@ void C10dTransport::send_to_rank(at::Tensor value, int64_t to_rank) {
 void C10dTransport::post_recv_from_rank(int64_t from_rank, at::Tensor buffer) {
   const std::string what = "a value from rank " + std::to_string(from_rank);
   check_not_failed("waiting for " + what);
-  TORCH_CHECK_VALUE(posted_values_.count(from_rank) == 0, "a receive from rank ", from_rank,
+  TORCH_CHECK_VALUE(state_->posted_values.count(from_rank) == 0, "a receive from rank ", from_rank,
                     " is already posted");
   std::vector<at::Tensor> tensors{buffer};
   const int tag = value_tag(num_stages_);
   Backend& wire = backend(buffer.device(), tag);
   auto work =
       post([&] { return wire.recv(tensors, static_cast<int>(from_rank), tag); }, what, from_rank);
-  posted_values_.emplace(from_rank, PostedReceive{std::move(work), std::move(buffer)});
+  state_->posted_values.emplace(from_rank, PostedReceive{std::move(work), std::move(buffer)});
 }
 
 at::Tensor C10dTransport::recv_from_rank(int64_t from_rank, at::Tensor buffer) {
   const std::string what = "a value from rank " + std::to_string(from_rank);
   check_not_failed("waiting for " + what);
-  auto it = posted_values_.find(from_rank);
-  if (it == posted_values_.end()) {
+  auto it = state_->posted_values.find(from_rank);
+  if (it == state_->posted_values.end()) {
     post_recv_from_rank(from_rank, buffer);
-    it = posted_values_.find(from_rank);
+    it = state_->posted_values.find(from_rank);
   }
   const PostedReceive posted = std::move(it->second);
-  posted_values_.erase(it);
+  state_->posted_values.erase(it);
   wait(posted.work, what, from_rank);
   return posted.buffer;
 }
@@ -508,11 +335,11 @@ void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::
                          int64_t peer) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!failure_ && !aborted_) waiting_.push_back(work);
+    if (!aborted_) waiting_.push_back(work);
   }
   check_not_failed("waiting for " + what);
   const auto start = Clock::now();
-  waiting_for_ = peer;  // published by the watcher, to find a silent rank (silent_rank)
+  monitor_->set_waiting_for(peer);  // to find a silent rank
   bool done = false;
   std::string error;
   try {
@@ -541,7 +368,7 @@ void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::
     waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), work), waiting_.end());
   }
   if (done && error.empty()) {
-    waiting_for_ = -1;
+    monitor_->set_waiting_for(-1);
     return;
   }
   // A failed wait still counts as waiting for `peer`: ranks that wait for this one, and look
@@ -564,97 +391,17 @@ c10::intrusive_ptr<c10d::Work> C10dTransport::post(
 
 void C10dTransport::peer_failed(const std::string& what, int64_t peer, const std::string& error,
                                 bool timed_out) {
-  // Gloo failed: the peer closed its connections or stayed silent. Another rank's failure may
-  // explain it (a failing rank records it before it exits): give the watcher a moment, then look.
-  const auto patience =
-      Clock::now() + 4 * options_.poll_interval() + std::chrono::milliseconds(200);
-  while (!failure() && Clock::now() < patience) {
-    std::this_thread::sleep_for(options_.poll_interval() / 2);
-  }
-  std::optional<std::string> line;
-  try {
-    if (!failure()) {
-      if (auto found = lookup_failure()) adopt_failure(*found);
-    }
-    if (!failure()) {
-      // A silent peer may itself wait for another: name the rank that stopped answering.
-      std::string why;
-      const int64_t silent = timed_out ? silent_rank(peer, why) : peer;
-      std::ostringstream out;
-      out << "rank " << silent << " failed: "
-          << (timed_out ? "no answer within " + std::to_string(options_.timeout().count()) + " ms"
-                        : std::string("connection lost (did the process die?)"))
-          << why << " while rank " << rank() << " waited for " << what << " [" << error << "]";
-      record_failure(out.str(), silent);
-    }
-  } catch (const StoreUnresponsive& e) {
-    adopt_failure(store_failure(e.what()));
-  } catch (const std::exception& e) {
-    adopt_failure(store_failure(e.what()));
-  }
+  monitor_->explain_failed_wait(what, peer, error, timed_out);
   throw_failure("waiting for " + what);
 }
 
-int64_t C10dTransport::silent_rank(int64_t peer, std::string& why) {
-  // Each rank's watcher beats every poll_interval while its process runs, and says whom its
-  // worker waits for. Follow that from `peer`: the first rank whose beat stands still has
-  // stopped (SIGSTOP, a frozen machine); else the first that waits for nobody hangs in its own
-  // code. Its waiters, and theirs, only wait for it.
-  auto read = [&] {
-    std::vector<std::pair<int64_t, int64_t>> states;  // (beats, rank waited for or -1)
-    for (const auto r : c10::irange(world_size())) {
-      const std::string suffix = std::to_string(r);
-      states.emplace_back(store_->add(keys_ + kAlivePrefix + suffix, 0),
-                          store_->add(keys_ + kWaitingPrefix + suffix, 0) - 1);
-    }
-    return states;
-  };
-  const auto window =
-      std::max<std::chrono::milliseconds>(20 * options_.poll_interval(), std::chrono::seconds(1));
-  const auto before = read();
-  std::this_thread::sleep_for(window);
-  const auto after = read();
-  std::set<int64_t> visited{rank()};
-  int64_t r = peer;
-  while (true) {
-    if (after[r].first == before[r].first) {
-      why = " (its process has not run for " + std::to_string(window.count()) +
-            " ms: stopped or frozen?)";
-      return r;
-    }
-    visited.insert(r);
-    const int64_t next = after[r].second;
-    if (next < 0 || visited.count(next) != 0) break;
-    r = next;
-  }
-  if (r != peer) why = " (rank " + std::to_string(peer) + " was waiting for it)";
-  return r;
-}
-
-std::string C10dTransport::store_failure(const std::string& error) const {
-  return "rank 0 failed: the store it serves at " + group_.environment.master_addr + ":" +
-         std::to_string(group_.environment.master_port) +
-         " is lost or frozen (did the process die or stop?) [" + error + "]";
-}
-
 void C10dTransport::barrier(const std::string& name, std::chrono::milliseconds timeout) {
-  const std::string key = keys_ + "barrier/" + name;
-  const auto deadline = Clock::now() + timeout;
-  try {
-    store_->add(key, 1);
-    while (store_->add(key, 0) < world_size()) {
-      TORCH_CHECK(Clock::now() < deadline, "rank ", rank(), ": not every rank reached '", name,
-                  "' within ", timeout.count(), " ms (", store_->add(key, 0), " of ", world_size(),
-                  " did)");
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  } catch (const c10::Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, store_failure(e.what()), " while rank ", rank(),
-                " waited for every rank to reach '", name, "'");
-  }
+  monitor_->barrier(name, timeout);
 }
+
+void C10dTransport::report_failure(const std::string& message) { monitor_->report(message); }
+
+std::optional<std::string> C10dTransport::failure() const { return monitor_->failure(); }
 
 void C10dTransport::abort() {
   std::vector<c10::intrusive_ptr<c10d::Work>> waiting;
@@ -679,103 +426,12 @@ void C10dTransport::throw_failure(const std::string& what) {
 }
 
 void C10dTransport::check_not_failed(const std::string& what) {
-  bool failed;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    failed = failure_.has_value() || aborted_;
-  }
-  if (failed) throw_failure(what);
+  if (aborted()) throw_failure(what);
 }
 
 bool C10dTransport::aborted() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return aborted_ || failure_.has_value();
-}
-
-std::optional<std::string> C10dTransport::failure() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return failure_;
-}
-
-void C10dTransport::record_failure(const std::string& line, int64_t failed_peer) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (failure_) return;
-    failure_ = line;
-  }
-  reported_ = true;
-  try {
-    const int64_t n = store_->add(keys_ + kFailures, 1);
-    store_->set(keys_ + kFailurePrefix + std::to_string(n), line);
-    if (n > 1) {
-      // Another rank recorded first: that is the failure every rank reports.
-      std::string first = store_->get(keys_ + kFailurePrefix + "1");
-      std::lock_guard<std::mutex> lock(mutex_);
-      failure_ = std::move(first);
-    }
-    store_->add(keys_ + kSeenPrefix + std::to_string(rank()), 1);
-    // A failed peer will not say it saw the failure: this rank says so for it.
-    if (failed_peer >= 0) store_->add(keys_ + kSeenPrefix + std::to_string(failed_peer), 1);
-  } catch (const std::exception&) {
-    // The store is gone with rank 0; the others find that out themselves.
-  }
-  abort();
-}
-
-void C10dTransport::report_failure(const std::string& message) {
-  if (reported_) return;
-  std::optional<std::string> first;
-  try {
-    // Another rank's failure first? Then this one is its consequence.
-    first = lookup_failure();
-  } catch (const std::exception&) {
-    return;  // the store is gone: rank 0 failed, as every rank finds out
-  }
-  if (first) {
-    adopt_failure(*first);
-    return;
-  }
-  record_failure("rank " + std::to_string(rank()) + " failed: " + message, /*failed_peer=*/-1);
-}
-
-std::optional<std::string> C10dTransport::lookup_failure() {
-  if (store_->add(keys_ + kFailures, 0) == 0) return std::nullopt;
-  return store_->get(keys_ + kFailurePrefix + "1");
-}
-
-void C10dTransport::adopt_failure(const std::string& line) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (failure_) return;
-    failure_ = line;
-  }
-  try {
-    store_->add(keys_ + kSeenPrefix + std::to_string(rank()), 1);
-  } catch (const std::exception&) {
-  }
-  abort();
-}
-
-void C10dTransport::watch() {
-  const std::string alive = keys_ + kAlivePrefix + std::to_string(rank());
-  const std::string waiting = keys_ + kWaitingPrefix + std::to_string(rank());
-  int64_t published = -1;  // the rank waited for, as the store has it
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stop_) {
-    stop_changed_.wait_for(lock, options_.poll_interval(), [this] { return stop_; });
-    if (stop_ || failure_) continue;
-    lock.unlock();
-    try {
-      store_->add(alive, 1);
-      const int64_t now = waiting_for_;
-      if (now != published) store_->add(waiting, now - published);
-      published = now;
-      if (auto found = lookup_failure()) adopt_failure(*found);
-    } catch (const std::exception& e) {
-      adopt_failure(store_failure(e.what()));
-    }
-    lock.lock();
-  }
+  return aborted_;
 }
 
 }  // namespace distributed

@@ -19,7 +19,7 @@
 // (number of tensors, dtypes, shapes but the batch dimension); each later one must agree, and a
 // gradient must have the dtype and shape of the activation it belongs to. Both ends check, so a
 // mismatch is a c10::ValueError naming the stages, the micro-batch, what was agreed and what came,
-// not garbage or a hang.
+// not garbage or a hang. (The wire format: src/distributed/wire_format.h.)
 //
 // Failures: report_failure() writes "rank R failed: <message>" into the store. A watcher thread
 // polls the store; once any rank has failed, every wait of this rank is aborted and throws
@@ -29,7 +29,8 @@
 // rank waits for, so the waits are followed to the rank that is stopped (no beat) or waits for
 // nobody (hangs in its own code), about a second after the timeout. Losing the store, or the
 // store not answering within the timeout, means that rank 0, which serves it, is gone or
-// stopped. After a failure the transport is unusable: end the process.
+// stopped. After a failure the transport is unusable: end the process. (The protocol:
+// src/distributed/failure_monitor.h.)
 //
 // Devices: a transport moves the tensors of one device, its option `device`: the stages' device
 // on this rank. CPU tensors go over the group's Gloo backend; CUDA tensors over NCCL, one
@@ -42,8 +43,8 @@
 // store), as long as every rank makes them in the same order.
 //
 // Thread safety: send(), recv(), flush() and report_failure() are called by one thread (the
-// rank's worker); abort() from any thread. The watcher thread only reads the store and aborts
-// waits. State shared with it is guarded by mutex_.
+// rank's worker); abort() from any thread, as the failure monitor's watcher does. State shared
+// with it is guarded by mutex_.
 #pragma once
 
 #include "gpipe/distributed/rendezvous.h"
@@ -52,9 +53,7 @@
 #include <c10/core/Device.h>
 #include <torch/arg.h>
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -62,13 +61,12 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 namespace gpipe {
 namespace distributed {
-class BoundedStore;  // src/distributed/bounded_store.h
+class FailureMonitor;  // src/distributed/failure_monitor.h
 
 /// Options for C10dTransport.
 struct C10dTransportOptions {
@@ -87,13 +85,6 @@ struct C10dTransportOptions {
   /// The device of this rank's stages: every tensor sent is on it and every batch received lands
   /// on it. CPU goes over Gloo, CUDA over NCCL. Default: CPU.
   TORCH_ARG(c10::Device, device) = c10::Device(c10::kCPU);
-};
-
-/// The dtype and shape of each tensor of a message (an undefined tensor has dtype -1).
-struct MessageMetadata {
-  bool atomic = true;
-  std::vector<int64_t> dtypes;
-  std::vector<std::vector<int64_t>> shapes;
 };
 
 /// Moves Batches between stages on different ranks.
@@ -183,20 +174,8 @@ class C10dTransport : public schedule::Transport {
   }
 
  private:
-  struct PostedReceive {
-    c10::intrusive_ptr<c10d::Work> work;
-    at::Tensor buffer;
-  };
-  struct Edge {
-    std::optional<MessageMetadata> agreed;  // fixed by the edge's first message
-    // The largest message so far on the edge, in bytes (0 before the first): the receiver posts
-    // buffers of this size (at least a header's), and a batch that fits goes as one message.
-    // Both ends keep it alike.
-    int64_t send_capacity = 0;
-    int64_t recv_capacity = 0;
-    int64_t expected = 0;                 // messages still to come in this step (expect())
-    std::optional<PostedReceive> posted;  // the receive of the next message, posted ahead
-  };
+  struct Edge;   // c10d_transport.cpp
+  struct State;  // the edges, what was sent on them, the receives posted ahead
 
   Edge& edge(int64_t from_stage, int64_t to_stage);
   // The backend that carries tensors of `device` with tag `tag`: Gloo for CPU, else the tag's
@@ -211,59 +190,37 @@ class C10dTransport : public schedule::Transport {
   // Posts a send or receive; if Gloo refuses (a closed connection), the peer failed.
   c10::intrusive_ptr<c10d::Work> post(const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                                       const std::string& what, int64_t peer);
-  // Records that `peer` failed (unless another failure explains it) and throws; after a
-  // timeout, the rank that stopped answering (silent_rank), which may be another.
+  // Records the failure that explains a failed wait for `peer` and throws.
   [[noreturn]] void peer_failed(const std::string& what, int64_t peer, const std::string& error,
                                 bool timed_out);
-  // The rank that made a wait for `peer` time out; `why` says how it was found.
-  int64_t silent_rank(int64_t peer, std::string& why);
-  // The failure of rank 0 when its store is lost or frozen (`error`: what the call said).
-  std::string store_failure(const std::string& error) const;
   [[noreturn]] void throw_failure(const std::string& what);
   void check_not_failed(const std::string& what);
-  // True once abort() ran or a failure is known: waits must end.
+  // True once abort() ran (also on any failure): waits must end.
   bool aborted() const;
-  void watch();
-  // The first failure in the store, if any. Throws if the store is unreachable.
-  std::optional<std::string> lookup_failure();
-  // Takes another rank's failure as this rank's: aborts the waits, tells the store it was seen.
-  void adopt_failure(const std::string& line);
-  // Writes `line` as the failure, unless one came first (then takes that one); `failed_peer`
-  // (or -1) is the dead or silent rank it names, which will not say it saw it.
-  void record_failure(const std::string& line, int64_t failed_peer);
 
   ProcessGroup group_;
-  // Every store call of the transport goes through it: none waits past the timeout.
-  std::unique_ptr<BoundedStore> store_;
-  std::atomic<int64_t> waiting_for_{-1};  // the rank wait() waits for, or -1
   int64_t num_stages_;
   C10dTransportOptions options_;
   int64_t pipeline_size_;
   c10::Device device_;
   std::string keys_;  // the prefix of this transport's keys in the store
-  std::map<std::pair<int64_t, int64_t>, Edge> edges_;
-  // Activations sent per (to_stage, micro-batch): what their gradients must look like.
-  std::map<std::pair<int64_t, int64_t>, MessageMetadata> sent_;
+  std::unique_ptr<State> state_;
   struct Send {
     c10::intrusive_ptr<c10d::Work> work;
     int64_t peer;
     std::string what;
   };
   std::vector<Send> sends_;                          // outstanding sends
-  std::map<int64_t, PostedReceive> posted_values_;   // post_recv_from_rank, per rank
   std::map<int, c10::intrusive_ptr<Backend>> nccl_;  // per tag, for CUDA tensors
   double communication_seconds_ = 0;
   double transfer_seconds_ = 0;
   int64_t messages_sent_ = 0;
-  bool reported_ = false;  // this rank recorded a failure
 
   mutable std::mutex mutex_;
-  std::condition_variable stop_changed_;
-  bool stop_ = false;                                    // guarded by mutex_
   bool aborted_ = false;                                 // guarded by mutex_
-  std::optional<std::string> failure_;                   // guarded by mutex_
   std::vector<c10::intrusive_ptr<c10d::Work>> waiting_;  // guarded by mutex_
-  std::thread watcher_;
+  // Last: its watcher calls abort(), which needs the members above.
+  std::unique_ptr<FailureMonitor> monitor_;
 };
 
 }  // namespace distributed

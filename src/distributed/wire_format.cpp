@@ -1,0 +1,149 @@
+#include "wire_format.h"
+
+#include <ATen/Functions.h>
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <sstream>
+
+namespace gpipe {
+namespace distributed {
+
+const char* kind_name(int64_t kind) {
+  switch (kind) {
+    case kActivation:
+      return "activation";
+    case kGradient:
+      return "gradient";
+    case kValue:
+      return "value";
+  }
+  return "unknown message";
+}
+
+MessageMetadata metadata_of(const Batch& batch) {
+  MessageMetadata meta;
+  meta.atomic = batch.atomic();
+  for (const auto& t : batch) {
+    meta.dtypes.push_back(t.defined() ? static_cast<int64_t>(t.scalar_type()) : kUndefined);
+    meta.shapes.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
+  }
+  return meta;
+}
+
+std::string describe(const MessageMetadata& meta, bool any_batch) {
+  std::ostringstream out;
+  out << "(";
+  for (const auto k : c10::irange(meta.dtypes.size())) {
+    if (k > 0) out << ", ";
+    if (meta.dtypes[k] == kUndefined) {
+      out << "undefined";
+      continue;
+    }
+    out << c10::toString(static_cast<c10::ScalarType>(meta.dtypes[k])) << "[";
+    for (const auto d : c10::irange(meta.shapes[k].size())) {
+      if (d > 0) out << ", ";
+      if (d == 0 && any_batch) {
+        out << "*";
+      } else {
+        out << meta.shapes[k][d];
+      }
+    }
+    out << "]";
+  }
+  out << ")";
+  return out.str();
+}
+
+bool agrees(const MessageMetadata& a, const MessageMetadata& b, bool any_batch) {
+  if (a.atomic != b.atomic || a.dtypes != b.dtypes) return false;
+  for (const auto k : c10::irange(a.shapes.size())) {
+    const auto& x = a.shapes[k];
+    const auto& y = b.shapes[k];
+    if (x.size() != y.size()) return false;
+    for (const auto d : c10::irange(x.size())) {
+      if ((d > 0 || !any_batch) && x[d] != y[d]) return false;
+    }
+  }
+  return true;
+}
+
+bool fits(const MessageMetadata& grad, const MessageMetadata& activation) {
+  if (grad.dtypes.size() != activation.dtypes.size()) return false;
+  for (const auto k : c10::irange(grad.dtypes.size())) {
+    if (grad.dtypes[k] == kUndefined) continue;
+    if (grad.dtypes[k] != activation.dtypes[k] || grad.shapes[k] != activation.shapes[k]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+MessageLayout layout_of(const MessageMetadata& meta) {
+  MessageLayout layout;
+  for (const auto k : c10::irange(meta.dtypes.size())) {
+    if (meta.dtypes[k] == kUndefined) {
+      layout.offsets.push_back(-1);
+      continue;
+    }
+    layout.offsets.push_back(layout.bytes);
+    const int64_t size =
+        c10::multiply_integers(meta.shapes[k]) *
+        static_cast<int64_t>(c10::elementSize(static_cast<c10::ScalarType>(meta.dtypes[k])));
+    layout.bytes += (size + kAlignment - 1) / kAlignment * kAlignment;
+  }
+  return layout;
+}
+
+at::Tensor view_bytes(const at::Tensor& buffer, int64_t offset, int64_t dtype,
+                      const std::vector<int64_t>& shape) {
+  const auto type = static_cast<c10::ScalarType>(dtype);
+  const int64_t numel = c10::multiply_integers(shape);
+  const int64_t size = numel * static_cast<int64_t>(c10::elementSize(type));
+  return buffer.narrow(0, offset, size).view(type).view(shape);
+}
+
+at::Tensor encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const MessageMetadata& meta,
+                  bool one_message) {
+  std::vector<int64_t> h{kMagic,
+                         kind,
+                         tag,
+                         from,
+                         to,
+                         meta.atomic ? 1 : 0,
+                         static_cast<int64_t>(meta.dtypes.size()),
+                         one_message ? 1 : 0};
+  for (const auto k : c10::irange(meta.dtypes.size())) {
+    h.push_back(meta.dtypes[k]);
+    h.push_back(static_cast<int64_t>(meta.shapes[k].size()));
+    h.insert(h.end(), meta.shapes[k].begin(), meta.shapes[k].end());
+  }
+  TORCH_CHECK_VALUE(static_cast<int64_t>(h.size()) <= kHeaderSize, "stage ", from,
+                    " cannot send the metadata of ", meta.dtypes.size(), " tensors ",
+                    describe(meta), " to stage ", to, ": it needs ", h.size(),
+                    " header entries, but a header holds ", kHeaderSize);
+  h.resize(kHeaderSize, 0);
+  return at::tensor(h, at::kLong);
+}
+
+Header decode(const at::Tensor& received, int64_t rank, int64_t peer) {
+  const at::Tensor tensor = received.to(at::kCPU);  // a NCCL message's header is on its GPU
+  const int64_t* h = tensor.data_ptr<int64_t>();
+  TORCH_CHECK_VALUE(h[0] == kMagic, "rank ", rank, " received a message from rank ", peer,
+                    " that is not a gpipe header: is rank ", peer, " running the same program?");
+  Header header{h[1], h[2], h[3], h[4], {}, h[7] != 0};
+  header.meta.atomic = h[5] != 0;
+  int64_t at = 8;
+  for (int64_t k = 0; k < h[6] && at + 1 < kHeaderSize; ++k) {
+    header.meta.dtypes.push_back(h[at]);
+    const int64_t ndim = h[at + 1];
+    at += 2;
+    TORCH_CHECK_VALUE(ndim >= 0 && at + ndim <= kHeaderSize, "corrupt header from rank ", peer);
+    header.meta.shapes.emplace_back(h + at, h + at + ndim);
+    at += ndim;
+  }
+  return header;
+}
+
+}  // namespace distributed
+}  // namespace gpipe
