@@ -1,7 +1,7 @@
 #include "gpipe/checkpoint.h"
 
-#include "gpipe/dependency.h"
-#include "gpipe/phony.h"
+#include "detail/dependency.h"
+#include "detail/phony.h"
 #include "gpipe/trace.h"
 
 #include <ATen/Context.h>
@@ -132,7 +132,7 @@ c10::intrusive_ptr<CheckpointState> state_of(AutogradContext* ctx) {
   return c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
 }
 
-// [2] in pipeline.h: computes under no-grad (Function::apply disables it), keeping nothing.
+// [2] in detail/pipeline.h: computes under no-grad (Function::apply disables it), keeping nothing.
 struct Checkpoint : torch::autograd::Function<Checkpoint> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& /*phony*/,
                                c10::intrusive_ptr<CheckpointState> state, at::TensorList input) {
@@ -174,7 +174,7 @@ struct Checkpoint : torch::autograd::Function<Checkpoint> {
   }
 };
 
-// [4] in pipeline.h: runs before Checkpoint's backward and recomputes with grad.
+// [4] in detail/pipeline.h: runs before Checkpoint's backward and recomputes with grad.
 struct Recompute : torch::autograd::Function<Recompute> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& phony,
                             c10::intrusive_ptr<CheckpointState> state, at::TensorList input) {

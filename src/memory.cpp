@@ -1,6 +1,6 @@
 #include "gpipe/memory.h"
 
-#include "gpipe/compat.h"
+#include "detail/compat.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>

@@ -1,9 +1,9 @@
 #include "gpipe/pipe.h"
 
+#include "detail/pipeline.h"
+#include "detail/stream.h"
 #include "gpipe/batchnorm.h"
-#include "gpipe/pipeline.h"
 #include "gpipe/skip/skippable.h"
-#include "gpipe/stream.h"
 #include "split.h"
 
 #include <c10/util/irange.h>
@@ -88,7 +88,7 @@ GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
     devices_.push_back(device);
 
     // One worker per distinct accelerator: partitions on one device take turns on its thread.
-    // CPU partitions are computed by the thread that calls forward (see worker.h).
+    // CPU partitions are computed by the thread that calls forward (see detail/worker.h).
     if (device.is_cpu()) {
       partition_workers_.push_back(nullptr);
       continue;

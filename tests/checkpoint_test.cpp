@@ -2,8 +2,8 @@
 // guarantees.
 #include "test_util.h"
 
+#include "detail/dependency.h"
 #include "gpipe/checkpoint.h"
-#include "gpipe/dependency.h"
 
 #include <torch/torch.h>
 

@@ -1,8 +1,8 @@
 // Ports torchgpipe's tests/test_copy.py.
 #include "test_util.h"
 
-#include "gpipe/copy.h"
-#include "gpipe/stream.h"
+#include "detail/copy.h"
+#include "detail/stream.h"
 
 #include <torch/torch.h>
 

@@ -1,7 +1,7 @@
 // Ports torchgpipe's tests/test_dependency.py, plus checks of the backward order fork/join forces.
 #include "test_util.h"
 
-#include "gpipe/dependency.h"
+#include "detail/dependency.h"
 
 #include <torch/torch.h>
 

@@ -1,7 +1,7 @@
 // Ports torchgpipe's tests/test_phony.py.
 #include "test_util.h"
 
-#include "gpipe/phony.h"
+#include "detail/phony.h"
 
 #include <c10/core/InferenceMode.h>
 #include <torch/torch.h>

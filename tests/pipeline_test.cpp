@@ -2,10 +2,10 @@
 // checkpointing, exceptions and equivalence with the plain model.
 #include "test_util.h"
 
+#include "detail/pipeline.h"
+#include "detail/stream.h"
+#include "detail/worker.h"
 #include "gpipe/checkpoint.h"
-#include "gpipe/pipeline.h"
-#include "gpipe/stream.h"
-#include "gpipe/worker.h"
 
 #include <torch/torch.h>
 

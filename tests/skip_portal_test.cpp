@@ -2,9 +2,9 @@
 // tests/skip/test_portal.py.
 #include "test_util.h"
 
-#include <gpipe/dependency.h>
 #include <gpipe/skip/portal.h>
-#include <gpipe/stream.h>
+#include "detail/dependency.h"
+#include "detail/stream.h"
 
 namespace gpipe {
 namespace skip {

@@ -1,7 +1,7 @@
 // Ports torchgpipe's tests/test_stream.py.
 #include "test_util.h"
 
-#include "gpipe/stream.h"
+#include "detail/stream.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/torch.h>

@@ -4,6 +4,7 @@
 #include "test_util.h"
 
 #include <gpipe/gpipe.h>
+#include "detail/pipeline.h"
 
 #include <functional>
 

@@ -1,8 +1,8 @@
 // Ports torchgpipe's tests/test_worker.py, plus the C++ worker's exception and state handling.
 #include "test_util.h"
 
-#include "gpipe/stream.h"
-#include "gpipe/worker.h"
+#include "detail/stream.h"
+#include "detail/worker.h"
 
 #include <c10/core/InferenceMode.h>
 #include <torch/torch.h>

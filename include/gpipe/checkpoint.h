@@ -2,10 +2,10 @@
 // before its backward.
 //
 // Checkpointing::checkpoint() runs the function under no-grad inside a Checkpoint autograd node
-// (diagram [2] in pipeline.h); Checkpointing::recompute() hangs a Recompute node beside the output
-// with fork/join (diagram [4]), so that in backward Recompute runs first: it restores the random
-// number generators to their state at forward time (so dropout draws the same masks), runs the
-// function again with grad, and hands the result to Checkpoint, whose backward then
+// (diagram [2] in src/detail/pipeline.h); Checkpointing::recompute() hangs a Recompute node beside
+// the output with fork/join (diagram [4]), so that in backward Recompute runs first: it restores
+// the random number generators to their state at forward time (so dropout draws the same masks),
+// runs the function again with grad, and hands the result to Checkpoint, whose backward then
 // differentiates it re-entrantly.
 //
 // Thread safety: checkpoint() may run on a worker thread and recompute() on another; the two

@@ -1,12 +1,34 @@
-// gpipe: GPipe pipeline parallelism for LibTorch. Include this for the whole public API.
+// gpipe: pipeline parallelism for LibTorch. Include this for the whole public API: the GPipe
+// module, the explicit-schedule engine on threads (schedule/) and across processes
+// (distributed/), skip connections, balancing, memory statistics and traces.
 #pragma once
 
 #include "gpipe/balance/balance.h"
+#include "gpipe/balance/block_partition.h"
+#include "gpipe/balance/profile.h"
 #include "gpipe/batchnorm.h"
 #include "gpipe/checkpoint.h"
 #include "gpipe/cpu_malloc.h"
+#include "gpipe/distributed/c10d_transport.h"
+#include "gpipe/distributed/data_parallel.h"
+#include "gpipe/distributed/environment.h"
+#include "gpipe/distributed/pipeline_stage.h"
+#include "gpipe/distributed/rendezvous.h"
 #include "gpipe/memory.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/pipe.h"
-#include "gpipe/pipeline.h"
+#include "gpipe/schedule/action.h"
+#include "gpipe/schedule/generators.h"
+#include "gpipe/schedule/render.h"
+#include "gpipe/schedule/run_actions.h"
+#include "gpipe/schedule/runtime.h"
+#include "gpipe/schedule/stage.h"
+#include "gpipe/schedule/thread_transport.h"
+#include "gpipe/schedule/transport.h"
+#include "gpipe/schedule/validate.h"
+#include "gpipe/skip/layout.h"
+#include "gpipe/skip/namespace.h"
+#include "gpipe/skip/portal.h"
 #include "gpipe/skip/skippable.h"
+#include "gpipe/skip/tracker.h"
+#include "gpipe/trace.h"

@@ -2,10 +2,10 @@
 // micro-batches, transparently to autograd.
 //
 // forward() splits the batch into `chunks` micro-batches, runs them through the partitions in
-// GPipe's clock-cycle schedule (pipeline.h), with one worker thread per accelerator (the calling
-// thread computes CPU partitions), and concatenates the outputs. backward() is autograd's own: the
-// same loss.backward() as for the plain Sequential, giving the same gradients, with checkpointed
-// micro-batches recomputed on the way.
+// GPipe's clock-cycle schedule (src/detail/pipeline.h), with one worker thread per accelerator (the
+// calling thread computes CPU partitions), and concatenates the outputs. backward() is autograd's
+// own: the same loss.backward() as for the plain Sequential, giving the same gradients, with
+// checkpointed micro-batches recomputed on the way.
 //
 // Thread safety: one forward at a time per GPipe (concurrent calls are serialized); backward
 // follows autograd's rules.
@@ -14,7 +14,6 @@
 #include "gpipe/checkpoint.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/skip/layout.h"
-#include "gpipe/worker.h"
 
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
@@ -35,6 +34,9 @@
 namespace gpipe {
 
 class DeferredBatchNormImpl;
+namespace detail {
+class Worker;  // src/detail/worker.h
+}  // namespace detail
 
 /// Options for GPipe.
 ///

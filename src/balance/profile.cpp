@@ -1,7 +1,7 @@
 #include "gpipe/balance/profile.h"
 
+#include "detail/stream.h"
 #include "gpipe/memory.h"
-#include "gpipe/stream.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>

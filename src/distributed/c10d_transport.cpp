@@ -1,7 +1,7 @@
 #include "gpipe/distributed/c10d_transport.h"
 
+#include "detail/stream.h"
 #include "failure_monitor.h"
-#include "gpipe/stream.h"
 #include "wire_format.h"
 
 #include <ATen/Functions.h>

@@ -1,11 +1,11 @@
 #include "gpipe/distributed/pipeline_stage.h"
 
-#include "../exact.h"
-#include "../split.h"
+#include "exact.h"
+#include "split.h"
 
+#include "detail/stream.h"
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/validate.h"
-#include "gpipe/stream.h"
 
 #include <ATen/Functions.h>
 #include <c10/util/Exception.h>

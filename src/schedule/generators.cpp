@@ -1,6 +1,6 @@
 #include "gpipe/schedule/generators.h"
 
-#include "../exact.h"
+#include "exact.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>

@@ -1,6 +1,6 @@
 #include "gpipe/schedule/runtime.h"
 
-#include "../split.h"
+#include "split.h"
 
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/thread_transport.h"

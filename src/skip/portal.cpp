@@ -1,7 +1,7 @@
 #include "gpipe/skip/portal.h"
 
-#include "gpipe/copy.h"
-#include "gpipe/phony.h"
+#include "detail/copy.h"
+#include "detail/phony.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>

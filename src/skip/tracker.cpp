@@ -1,7 +1,7 @@
 #include "gpipe/skip/tracker.h"
 
+#include "detail/dependency.h"
 #include "gpipe/checkpoint.h"
-#include "gpipe/dependency.h"
 
 #include <c10/util/Exception.h>
 

@@ -7,17 +7,16 @@
 // c10d::ProcessGroup in 1.13: send, recv and Work are alike in both.
 #pragma once
 
-#include "gpipe/compat.h"
-
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#if GPIPE_LIBTORCH_2
+#if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #endif
 
 namespace gpipe {
 namespace distributed {
 
-#if GPIPE_LIBTORCH_2
+#if TORCH_VERSION_MAJOR >= 2
 using Backend = c10d::Backend;
 #else
 using Backend = c10d::ProcessGroup;

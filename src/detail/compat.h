@@ -1,5 +1,6 @@
 // What differs between the LibTorch versions gpipe builds with: 2.x (the `torch` wheel's, the main
-// build) and Debian's 1.13. Every version test of gpipe is here or uses GPIPE_LIBTORCH_2.
+// build) and Debian's 1.13. Every version test of gpipe is here or uses GPIPE_LIBTORCH_2, but
+// for the public gpipe/distributed/backend.h, which defines no macro.
 //
 // The differences gpipe meets:
 // - c10::Allocator::allocate is const in 1.13, not in 2.x (and 2.x adds copy_data);

@@ -1,6 +1,6 @@
-#include "gpipe/dependency.h"
+#include "detail/dependency.h"
 
-#include "gpipe/phony.h"
+#include "detail/phony.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>

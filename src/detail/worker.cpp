@@ -1,6 +1,6 @@
-#include "gpipe/worker.h"
+#include "detail/worker.h"
 
-#include "gpipe/stream.h"
+#include "detail/stream.h"
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>

@@ -39,10 +39,10 @@
 // workers given.
 #pragma once
 
+#include "detail/worker.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/skip/layout.h"
 #include "gpipe/skip/tracker.h"
-#include "gpipe/worker.h"
 
 #include <c10/core/Stream.h>
 #include <torch/nn/modules/container/sequential.h>

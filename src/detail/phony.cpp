@@ -1,4 +1,4 @@
-#include "gpipe/phony.h"
+#include "detail/phony.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/core/InferenceMode.h>

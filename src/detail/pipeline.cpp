@@ -1,9 +1,9 @@
-#include "gpipe/pipeline.h"
+#include "detail/pipeline.h"
 
+#include "detail/copy.h"
+#include "detail/dependency.h"
+#include "detail/stream.h"
 #include "gpipe/checkpoint.h"
-#include "gpipe/copy.h"
-#include "gpipe/dependency.h"
-#include "gpipe/stream.h"
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/irange.h>

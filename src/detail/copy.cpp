@@ -1,6 +1,6 @@
-#include "gpipe/copy.h"
+#include "detail/copy.h"
 
-#include "gpipe/stream.h"
+#include "detail/stream.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 

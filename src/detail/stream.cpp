@@ -1,4 +1,4 @@
-#include "gpipe/stream.h"
+#include "detail/stream.h"
 
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
