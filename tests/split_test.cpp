@@ -24,7 +24,7 @@ TEST(SplitTest, StagesShareTheLayersAndKeepTheirNames) {
   model->push_back("a", Linear(1, 2));
   model->push_back("b", torch::nn::ReLU());
   model->push_back("c", Linear(2, 3));
-  const auto stages = detail::split_by_balance(model, {2, 1});
+  auto stages = detail::split_by_balance(model, {2, 1});
   ASSERT_EQ(stages.size(), 2u);
   EXPECT_EQ(stages[0]->named_children().keys(), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(stages[1]->named_children().keys(), (std::vector<std::string>{"c"}));
