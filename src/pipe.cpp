@@ -10,19 +10,10 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
-#include <sstream>
 #include <unordered_map>
 
 namespace gpipe {
 namespace {
-
-std::string to_string(const std::vector<int64_t>& values) {
-  std::ostringstream out;
-  out << "[";
-  for (const auto k : c10::irange(values.size())) out << (k ? ", " : "") << values[k];
-  out << "]";
-  return out.str();
-}
 
 // Refuses Sequentials whose layers could not be placed on distinct devices.
 void verify_module(torch::nn::Sequential& module) {
@@ -183,7 +174,7 @@ void GPipeImpl::to(c10::ScalarType dtype, bool non_blocking) {
 }
 
 void GPipeImpl::pretty_print(std::ostream& stream) const {
-  stream << "gpipe::GPipe(balance=" << to_string(options_.balance())
+  stream << "gpipe::GPipe(balance=" << c10::ArrayRef<int64_t>(options_.balance())
          << ", chunks=" << options_.chunks() << ", checkpoint=" << options_.checkpoint() << ")";
 }
 

@@ -2,11 +2,10 @@
 
 #include "exact.h"
 
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
-#include <c10/util/irange.h>
 
 #include <algorithm>
-#include <sstream>
 #include <string>
 
 namespace gpipe {
@@ -18,14 +17,6 @@ constexpr const char* kAutoBalanceAdvice =
     "\n\nIf your model is still changing, let gpipe::balance find the balance:\n"
     "  auto balance = gpipe::balance::balance_by_time(partitions, sequential, sample);";
 
-std::string to_string(const std::vector<int64_t>& values) {
-  std::ostringstream out;
-  out << "[";
-  for (const auto k : c10::irange(values.size())) out << (k ? ", " : "") << values[k];
-  out << "]";
-  return out.str();
-}
-
 }  // namespace
 
 void check_balance(const torch::nn::Sequential& module, const std::vector<int64_t>& balance) {
@@ -34,8 +25,8 @@ void check_balance(const torch::nn::Sequential& module, const std::vector<int64_
                     "module and sum of balance have different length (module: ", module->size(),
                     ", sum of balance: ", to_string(total), ")", kAutoBalanceAdvice);
   TORCH_CHECK_VALUE(std::all_of(balance.begin(), balance.end(), [](int64_t b) { return b > 0; }),
-                    "all balance numbers must be positive integer (balance: ", to_string(balance),
-                    ")", kAutoBalanceAdvice);
+                    "all balance numbers must be positive integer (balance: ",
+                    c10::ArrayRef<int64_t>(balance), ")", kAutoBalanceAdvice);
 }
 
 std::vector<torch::nn::Sequential> split_by_balance(const torch::nn::Sequential& module,
