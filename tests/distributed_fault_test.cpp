@@ -58,6 +58,32 @@ TEST(DistributedFaultTest, KilledRankIsNamedWithinTimeout) {
       EXPECT_THAT(error_of(launch, r), HasSubstr("rank " + std::to_string(killed) + " failed"))
           << "rank " << r << " of " << ranks << ", rank " << killed << " killed\n"
           << launch.output;
+      EXPECT_THAT(error_of(launch, r), ::testing::Not(HasSubstr("frame #"))) << "rank " << r;
+    }
+  }
+}
+
+TEST(DistributedFaultTest, RankKilledOnceConnectedIsNamed) {
+  // Killed as soon as every rank has connected, while the others may still be in the barrier
+  // that ends construction: they must name it too (they once quoted rank 0's lost store raw,
+  // "Connection reset by peer"). Each of 4 ranks in turn, 3 times over.
+  for (int round = 0; round < 3; ++round) {
+    for (int killed = 0; killed < 4; ++killed) {
+      const auto launch =
+          testing::launch_workers(4, "--schedule 1f1b --timeout-ms 20000 --fail-rank " +
+                                         std::to_string(killed) + " --fail-mode kill-connected");
+      EXPECT_NE(launch.exit_code, 0) << launch.output;
+      EXPECT_THAT(launch.output, HasSubstr("rank " + std::to_string(killed) + " was killed"));
+      EXPECT_LT(launch.seconds, 20.0) << launch.output;
+      for (int r = 0; r < 4; ++r) {
+        if (r == killed) continue;
+        const std::string error = error_of(launch, r);
+        EXPECT_THAT(error, HasSubstr("rank " + std::to_string(killed) + " failed"))
+            << "rank " << r << ", rank " << killed << " killed\n"
+            << launch.output;
+        // One line each: no LibTorch backtrace quoted inside.
+        EXPECT_THAT(error, ::testing::Not(HasSubstr("frame #"))) << "rank " << r;
+      }
     }
   }
 }

@@ -2,7 +2,8 @@
 //
 // Usage: distributed_worker --out DIR [--schedule gpipe|1f1b|interleaved_1f1b|zb1p]
 //            [--stages-per-rank V] [--chunks M] [--timeout-ms T] [--checkpoint MODE]
-//            [--data-parallel D] [--fail-rank R --fail-mode throw|kill|hang|stop|mismatch]
+//            [--data-parallel D]
+//            [--fail-rank R --fail-mode throw|kill|hang|stop|mismatch|kill-connected]
 //            [--rendezvous-timeout-ms T] [--absent-from R]
 //
 // Trains one step of the model of distributed_model.h (W x V stages of even layers) and
@@ -11,14 +12,16 @@
 // DIR/start_time_rank<r> (ms since the epoch); DIR/ok_rank<r> on success, or DIR/error_rank<r>
 // with the message, DIR/error_time_rank<r> with when it came, and exit status 1. With --fail-rank
 // R, stage R (on rank R) ends in a trap that, on the second micro-batch, throws, SIGKILLs its own
-// process, sleeps for an hour, SIGSTOPs its process, or widens its output. With --absent-from R,
-// ranks R and above exit at once, never joining.
+// process, sleeps for an hour, SIGSTOPs its process, or widens its output; kill-connected SIGKILLs
+// rank R as soon as its PipelineStage is constructed (every rank connected). With --absent-from
+// R, ranks R and above exit at once, never joining.
 #include "distributed_model.h"
 #include "gpipe/distributed/pipeline_stage.h"
 
 #include <torch/torch.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -103,6 +106,7 @@ int main(int argc, char** argv) {
             .data_parallel(replicas)
             .timeout(std::chrono::milliseconds(timeout_ms))
             .rendezvous_timeout(std::chrono::milliseconds(rendezvous_timeout_ms)));
+    if (fail_mode == "kill-connected" && rank == fail_rank) raise(SIGKILL);
     try {
       const torch::Tensor loss = pipe.step(input, target);
       torch::save(loss, out + "/loss" + suffix + ".pt");

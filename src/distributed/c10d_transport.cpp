@@ -1,5 +1,6 @@
 #include "gpipe/distributed/c10d_transport.h"
 
+#include "detail/message_of.h"
 #include "detail/stream.h"
 #include "failure_monitor.h"
 #include "wire_format.h"
@@ -359,7 +360,7 @@ void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::
       }
     }
   } catch (const std::exception& e) {
-    error = e.what();
+    error = detail::message_of(e);
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   communication_seconds_ += seconds;
@@ -385,7 +386,7 @@ c10::intrusive_ptr<c10d::Work> C10dTransport::post(
     return start();
   } catch (const std::exception& e) {
     // Gloo refuses to post on a connection that is already closed.
-    peer_failed(what, peer, e.what(), /*timed_out=*/false);
+    peer_failed(what, peer, detail::message_of(e), /*timed_out=*/false);
   }
 }
 

@@ -1,5 +1,7 @@
 #include "gpipe/distributed/data_parallel.h"
 
+#include "detail/message_of.h"
+
 #include <ATen/Functions.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -34,7 +36,7 @@ void ReplicaGroup::all_reduce(std::vector<at::Tensor*> tensors, bool average) {
     group_->allreduce(flat)->wait();
   } catch (const std::exception& error) {
     TORCH_CHECK(false, "the all-reduce among replicas ", c10::Join(", ", ranks_), " (group '",
-                name_, "') failed: ", error.what());
+                name_, "') failed: ", detail::message_of(error));
   }
   if (average) flat[0].div_(static_cast<double>(size()));
   int64_t at = 0;

@@ -1,5 +1,7 @@
 #include "failure_monitor.h"
 
+#include "detail/message_of.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
@@ -74,7 +76,7 @@ void FailureMonitor::explain_failed_wait(const std::string& what, int64_t peer,
       record(out.str(), silent);
     }
   } catch (const std::exception& e) {
-    adopt(store_failure(e.what()));
+    adopt(store_failure(detail::message_of(e)));
   }
 }
 
@@ -121,19 +123,19 @@ void FailureMonitor::barrier(const std::string& name, std::chrono::milliseconds 
   const std::string barrier_key = keys_ + "barrier/" + name;
   const auto deadline = Clock::now() + timeout;
   const int64_t world_size = environment_.world_size;
-  try {
-    store_.add(barrier_key, 1);
-    while (store_.add(barrier_key, 0) < world_size) {
-      TORCH_CHECK(Clock::now() < deadline, "rank ", environment_.rank, ": not every rank reached '",
-                  name, "' within ", timeout.count(), " ms (", store_.add(barrier_key, 0), " of ",
-                  world_size, " did)");
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  auto add = [&](int64_t value) {
+    try {
+      return store_.add(barrier_key, value);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, store_failure(detail::message_of(e)), " while rank ", environment_.rank,
+                  " waited for every rank to reach '", name, "'");
     }
-  } catch (const c10::Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, store_failure(e.what()), " while rank ", environment_.rank,
-                " waited for every rank to reach '", name, "'");
+  };
+  add(1);
+  for (int64_t came = add(0); came < world_size; came = add(0)) {
+    TORCH_CHECK(Clock::now() < deadline, "rank ", environment_.rank, ": not every rank reached '",
+                name, "' within ", timeout.count(), " ms (", came, " of ", world_size, " did)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 
@@ -241,7 +243,7 @@ void FailureMonitor::watch() {
       published = now;
       if (auto found = lookup()) adopt(*found);
     } catch (const std::exception& e) {
-      adopt(store_failure(e.what()));
+      adopt(store_failure(detail::message_of(e)));
     }
     lock.lock();
   }

@@ -1,6 +1,8 @@
 // NCCL backends for CUDA tensors; without NCCL in LibTorch (Debian's 1.13, CPU) a clear error.
 #include "gpipe/distributed/rendezvous.h"
 
+#include "detail/message_of.h"
+
 #include <c10/util/Exception.h>
 
 #if GPIPE_WITH_NCCL
@@ -28,7 +30,7 @@ c10::intrusive_ptr<Backend> new_nccl_backend(const ProcessGroup& world, const st
         store, static_cast<int>(world.rank()), static_cast<int>(world.world_size()), options);
   } catch (const std::exception& error) {
     TORCH_CHECK(false, "rank ", world.rank(), " could not make the NCCL backend '", name, "' of ",
-                world.world_size(), " ranks: ", error.what());
+                world.world_size(), " ranks: ", detail::message_of(error));
   }
 }
 

@@ -3,6 +3,7 @@
 #include "exact.h"
 #include "split.h"
 
+#include "detail/message_of.h"
 #include "detail/stream.h"
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/validate.h"
@@ -58,13 +59,6 @@ void check_layout(int64_t world_size, const torch::nn::Sequential& module,
                     (D > 1 ? " in " + std::to_string(D) + " replicas" : std::string()), " with ",
                     options.stages_per_rank(), " stage(s) each run ", detail::to_string(stages));
   detail::check_balance(module, balance);
-}
-
-std::string message_of(const std::exception& error) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
-    return c10_error->what_without_backtrace();
-  }
-  return error.what();
 }
 
 }  // namespace
@@ -220,7 +214,7 @@ at::Tensor PipelineStage::step(const Batch& input, const Batch& target) {
   } catch (const std::exception& error) {
     last_communication_seconds_ = transport_->communication_seconds() + communication_seconds;
     last_transfer_seconds_ = transport_->transfer_seconds() + communication_seconds;
-    transport_->report_failure(message_of(error));
+    transport_->report_failure(detail::message_of(error));
     for (auto& stage : stages_) stage->clear();
     throw;
   }

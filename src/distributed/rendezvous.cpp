@@ -1,5 +1,7 @@
 #include "gpipe/distributed/rendezvous.h"
 
+#include "detail/message_of.h"
+
 // LibTorch's own build defines this where it has Gloo (Debian's and the wheel's do); the Gloo
 // backend's header is empty without it.
 #ifndef USE_C10D_GLOO
@@ -36,14 +38,6 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const Environment& env) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-// The message of `error` without LibTorch's backtrace.
-std::string message_of(const std::exception& error) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
-    return c10_error->what_without_backtrace();
-  }
-  return error.what();
-}
-
 // E.g. "8 s" or "2.5 s".
 std::string seconds(std::chrono::milliseconds duration) {
   std::ostringstream out;
@@ -61,11 +55,19 @@ void wait_for_ranks(c10d::Store& store, const Environment& env,
   const std::string joined = "gpipe/rendezvous/joined";
   const std::string failed = "gpipe/rendezvous/failed";
   const std::string read = "gpipe/rendezvous/failure_read";
-  store.add(joined + "/" + std::to_string(env.rank), 1);
-  store.add(joined, 1);
+  // Counters only, so no call waits for a key; a call that fails lost rank 0, which serves them.
+  auto add = [&](const std::string& key, int64_t value) {
+    try {
+      return store.add(key, value);
+    } catch (const std::exception& error) {
+      TORCH_CHECK(false, where, ": lost rank 0, which serves it [", detail::message_of(error), "]");
+    }
+  };
+  add(joined + "/" + std::to_string(env.rank), 1);
+  add(joined, 1);
   if (env.rank != 0) deadline += std::chrono::seconds(1);
-  while (store.add(joined, 0) < env.world_size) {
-    const bool rank0_gave_up = env.rank != 0 && store.add(failed, 0) > 0;
+  while (add(joined, 0) < env.world_size) {
+    const bool rank0_gave_up = env.rank != 0 && add(failed, 0) > 0;
     if (Clock::now() < deadline && !rank0_gave_up) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
@@ -73,17 +75,17 @@ void wait_for_ranks(c10d::Store& store, const Environment& env,
     std::ostringstream missing;
     int64_t absent = 0;
     for (int64_t r = 0; r < env.world_size; ++r) {
-      if (store.add(joined + "/" + std::to_string(r), 0) > 0) continue;
+      if (add(joined + "/" + std::to_string(r), 0) > 0) continue;
       missing << (absent++ ? ", " : "") << r;
     }
     if (env.rank == 0) {
-      store.add(failed, 1);
+      add(failed, 1);
       const auto linger = Clock::now() + std::chrono::seconds(1);
-      while (store.add(read, 0) < env.world_size - absent - 1 && Clock::now() < linger) {
+      while (add(read, 0) < env.world_size - absent - 1 && Clock::now() < linger) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     } else {
-      store.add(read, 1);
+      add(read, 1);
     }
     TORCH_CHECK(false, where, ": ", env.world_size - absent, " of ", env.world_size,
                 " ranks joined (missing: ", missing.str(), ")");
@@ -113,15 +115,9 @@ ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeou
                                     ":" + std::to_string(env.master_port) + " (is the port taken?)"
                               : where + ": rank " + std::to_string(env.rank) +
                                     " could not reach rank 0, which serves it",
-                " [", message_of(error), "]");
+                " [", detail::message_of(error), "]");
   }
-  try {
-    wait_for_ranks(*result.store, env, deadline, where);
-  } catch (const c10::Error&) {
-    throw;
-  } catch (const std::exception& error) {
-    TORCH_CHECK(false, where, ": lost rank 0, which serves it [", message_of(error), "]");
-  }
+  wait_for_ranks(*result.store, env, deadline, where);
   auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
   gloo->devices.push_back(gloo_device(env));
   try {
@@ -131,7 +127,7 @@ ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeou
     TORCH_CHECK(false, "rank ", env.rank, " could not connect the Gloo process group of ",
                 env.world_size, " ranks (timeout ", timeout.count(), " ms; a rank that is gone, ",
                 "or rank 0, which serves the store at ", env.master_addr, ":", env.master_port,
-                "?): ", message_of(error));
+                "?): ", detail::message_of(error));
   }
   return result;
 }
@@ -149,7 +145,8 @@ c10::intrusive_ptr<Backend> new_group(const ProcessGroup& world, const std::vect
                                                        static_cast<int>(ranks.size()), gloo);
   } catch (const std::exception& error) {
     TORCH_CHECK(false, "rank ", world.rank(), " could not connect group '", name, "' of ",
-                ranks.size(), " ranks within ", timeout.count(), " ms: ", message_of(error));
+                ranks.size(), " ranks within ", timeout.count(),
+                " ms: ", detail::message_of(error));
   }
 }
 
