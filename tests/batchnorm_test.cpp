@@ -2,6 +2,7 @@
 
 #include "gpipe/batchnorm.h"
 #include "gpipe/pipe.h"
+#include "gpipe/schedule/runtime.h"
 
 #include <cmath>
 
@@ -351,6 +352,45 @@ TEST(GPipeDeferredBatchNormTest, FewerMicrobatchesThanChunks) {
   bn->eval();
   EXPECT_TRUE(close(model->forward(full), bn->forward(full), 1e-5, 1e-5));
   EXPECT_EQ(deferred->num_batches_tracked.item<int64_t>(), 2);
+}
+
+// The schedule engines tell the stages' DeferredBatchNorms how many micro-batches a step has,
+// as GPipe does: a small batch still commits its statistics, under every schedule and
+// checkpoint mode.
+TEST(ScheduleDeferredBatchNormTest, FewerMicrobatchesThanChunks) {
+  DoublePrecision precision;
+  using schedule::ScheduleKind;
+  for (const auto kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble}) {
+    for (const auto mode :
+         {CheckpointMode::kAlways, CheckpointMode::kExceptLast, CheckpointMode::kNever}) {
+      if (kind == ScheduleKind::kZeroBubble && mode != CheckpointMode::kNever) continue;
+      SCOPED_TRACE(c10::str("schedule ", kind, ", checkpoint ", mode));
+      torch::nn::BatchNorm2d bn(3);
+      torch::nn::Sequential sequential = convert_deferred_batch_norm(
+          torch::nn::Sequential(torch::nn::Conv2d(3, 3, 1), torch::nn::BatchNorm2d(3),
+                                torch::nn::ReLU()),
+          kChunks);
+      auto conv = sequential[0]->as<torch::nn::Conv2d>();
+      auto deferred = sequential->ptr<DeferredBatchNormImpl>(1);
+      ASSERT_TRUE(deferred);
+      schedule::PipelineSchedule pipe(
+          sequential, {1, 2},
+          [](const Batch& output, const Batch& target) {
+            return torch::mse_loss(output.tensor(), target.tensor());
+          },
+          schedule::PipelineScheduleOptions(kChunks).schedule(kind).checkpoint(mode));
+
+      const auto small = tilt_dist(torch::rand({6, 3, 4, 4}));  // 3 micro-batches of 4
+      pipe.step(small, torch::zeros({6, 3, 4, 4}));
+      torch::NoGradGuard no_grad;
+      bn->forward(conv->forward(small));
+      EXPECT_EQ(deferred->tracked(), 0);
+      EXPECT_EQ(deferred->num_batches_tracked.item<int64_t>(), 1);
+      EXPECT_TRUE(close(deferred->running_mean, bn->running_mean, 1e-6, 1e-6));
+      EXPECT_TRUE(close(deferred->running_var, bn->running_var, 1e-6, 1e-6));
+    }
+  }
 }
 
 TEST(GPipeDeferredBatchNormTest, Params) {

@@ -113,7 +113,10 @@ TEST(TrainConfigTest, Errors) {
       parse_train_config({"--schedule", "2f2b"}), UsageError,
       "--schedule must be one of gpipe, 1f1b, interleaved_1f1b, zb1p, but got '2f2b'");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--schedule", "zb1p", "--checkpoint", "always"}),
-                          UsageError, "--checkpoint cannot be used with --schedule zb1p");
+                          UsageError,
+                          "--schedule zb1p splits each backward into input and weight gradients, "
+                          "which --checkpoint cannot: use --checkpoint with gpipe, 1f1b or "
+                          "interleaved_1f1b");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--heads", "3"}), UsageError,
                           "--heads 3 must divide --embedding-dim 128");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--load", "m.pt", "--layers", "2"}), UsageError,
@@ -123,7 +126,8 @@ TEST(TrainConfigTest, Errors) {
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--devices", "cpu,gpu7"}), UsageError,
                           "--devices: 'gpu7' is not a device");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--virtual-stages", "2"}), UsageError,
-                          "--virtual-stages needs --schedule interleaved_1f1b");
+                          "--schedule 1f1b runs one stage per worker, but --virtual-stages is 2 "
+                          "(more than 1 only with interleaved_1f1b)");
   GPIPE_EXPECT_THROW_WITH(
       parse_train_config({"--checkpoint", "sometimes"}), UsageError,
       "--checkpoint must be one of never, always, except_last, but got 'sometimes'");

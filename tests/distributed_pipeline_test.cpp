@@ -7,7 +7,11 @@
 #include "distributed_model.h"
 #include "gpipe/distributed/pipeline_stage.h"
 
+#include <nlohmann/json.hpp>
+
+#include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -90,6 +94,28 @@ TEST(DistributedPipelineTest, PipelineTimesDataParallel) {
   expect_equivalent(4, "gpipe", 1, /*replicas=*/2);
 }
 
+// Each rank's tracer records its own actions, as its worker row: a forward and a backward of
+// each of the 4 micro-batches on its stage.
+TEST(DistributedPipelineTest, EachRankTracesItsActions) {
+  const testing::Launch launch = testing::launch_workers(2, "--schedule 1f1b --chunks 4 --trace 1");
+  ASSERT_EQ(launch.exit_code, 0) << launch.output;
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(launch.dir + "/trace_rank" + std::to_string(r) + ".json");
+    ASSERT_TRUE(in.good()) << "rank " << r;
+    const auto trace = nlohmann::json::parse(in);
+    std::map<std::string, int> count;
+    for (const auto& event : trace["traceEvents"]) {
+      if (event["ph"] != "X") continue;
+      EXPECT_EQ(event["tid"], r);
+      EXPECT_EQ(event["args"]["stage"], r);
+      ++count[event["name"].get<std::string>()];
+    }
+    EXPECT_EQ(count["forward"], 4) << "rank " << r;
+    EXPECT_EQ(count["backward"], 4) << "rank " << r;
+    EXPECT_EQ(count[r == 0 ? "send_activation" : "recv_activation"], 4) << "rank " << r;
+  }
+}
+
 TEST(DistributedPipelineTest, StagesMustMatchWorldSize) {
   // Fails before any rendezvous: no other rank is needed to see the mistake.
   setenv("RANK", "0", 1);
@@ -115,6 +141,9 @@ TEST(DistributedPipelineTest, StagesMustMatchWorldSize) {
   GPIPE_EXPECT_THROW_WITH(
       PipelineStage(model, {8, 8}, loss, PipelineStageOptions(4).stages_per_rank(2)),
       c10::ValueError, "runs one stage per rank, but stages_per_rank is 2");
+  GPIPE_EXPECT_THROW_WITH(
+      PipelineStage(model, {8, 8}, loss, PipelineStageOptions(4).intra_op_threads(-1)),
+      c10::ValueError, "intra_op_threads must be non-negative, but got -1");
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   GPIPE_EXPECT_THROW_WITH(
       PipelineStage(model, {8, 8}, loss,

@@ -4,7 +4,7 @@
 //            [--stages-per-rank V] [--chunks M] [--timeout-ms T] [--checkpoint MODE]
 //            [--data-parallel D]
 //            [--fail-rank R --fail-mode throw|kill|hang|stop|mismatch|kill-connected]
-//            [--rendezvous-timeout-ms T] [--absent-from R]
+//            [--rendezvous-timeout-ms T] [--absent-from R] [--trace 1]
 //
 // Trains one step of the model of distributed_model.h (W x V stages of even layers) and
 // writes DIR/loss_rank<r>.pt and DIR/grads_stage<s>_replica<d>.pt (the gradients of the stage's
@@ -14,9 +14,11 @@
 // R, stage R (on rank R) ends in a trap that, on the second micro-batch, throws, SIGKILLs its own
 // process, sleeps for an hour, SIGSTOPs its process, or widens its output; kill-connected SIGKILLs
 // rank R as soon as its PipelineStage is constructed (every rank connected). With --absent-from
-// R, ranks R and above exit at once, never joining.
+// R, ranks R and above exit at once, never joining. With --trace 1, each rank also writes its
+// tracer's events as DIR/trace_rank<r>.json (trace.h).
 #include "distributed_model.h"
 #include "gpipe/distributed/pipeline_stage.h"
+#include "gpipe/trace.h"
 
 #include <torch/torch.h>
 
@@ -47,7 +49,7 @@ int fail(const std::string& out, int64_t rank, const std::string& message) {
 int main(int argc, char** argv) {
   std::string out, schedule = "1f1b", fail_mode, checkpoint = "never";
   int64_t stages_per_rank = 1, chunks = 4, timeout_ms = 60000, fail_rank = -1, replicas = 1;
-  int64_t rendezvous_timeout_ms = 60000, absent_from = -1;
+  int64_t rendezvous_timeout_ms = 60000, absent_from = -1, trace = 0;
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string flag = argv[k];
     const std::string value = argv[k + 1];
@@ -73,6 +75,8 @@ int main(int argc, char** argv) {
       rendezvous_timeout_ms = std::stoll(value);
     else if (flag == "--absent-from")
       absent_from = std::stoll(value);
+    else if (flag == "--trace")
+      trace = std::stoll(value);
   }
   const int64_t rank = std::atoll(std::getenv("RANK") ? std::getenv("RANK") : "0");
   const std::string suffix = "_rank" + std::to_string(rank);
@@ -105,11 +109,16 @@ int main(int argc, char** argv) {
             .checkpoint(gpipe::parse_checkpoint_mode(checkpoint))
             .data_parallel(replicas)
             .timeout(std::chrono::milliseconds(timeout_ms))
-            .rendezvous_timeout(std::chrono::milliseconds(rendezvous_timeout_ms)));
+            .rendezvous_timeout(std::chrono::milliseconds(rendezvous_timeout_ms))
+            .tracer(trace != 0 ? std::make_shared<gpipe::trace::Tracer>() : nullptr));
     if (fail_mode == "kill-connected" && rank == fail_rank) raise(SIGKILL);
     try {
       const torch::Tensor loss = pipe.step(input, target);
       torch::save(loss, out + "/loss" + suffix + ".pt");
+      if (const auto& tracer = pipe.options().tracer()) {
+        std::ofstream json(out + "/trace" + suffix + ".json");
+        gpipe::trace::write_chrome_trace(tracer->events(), json);
+      }
       for (const int64_t s : pipe.stage_indices()) {
         std::vector<torch::Tensor> grads;
         for (const auto& p : pipe.stage_module(s)->parameters()) grads.push_back(p.grad());

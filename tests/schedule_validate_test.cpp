@@ -120,7 +120,39 @@ TEST(ScheduleValidateTest, MakeScheduleChecksStages) {
   EXPECT_EQ(c10::str(ScheduleKind::kZeroBubble), "zb1p");
   GPIPE_EXPECT_THROW_WITH(make_schedule(ScheduleKind::kZeroBubble, 2, 4, 4), c10::ValueError,
                           "schedule zb1p runs one stage per worker, but got 4 stages for 2");
-  GPIPE_EXPECT_THROW_WITH(parse_schedule_kind("zb"), c10::ValueError, "unknown schedule kind 'zb'");
+  GPIPE_EXPECT_THROW_WITH(
+      parse_schedule_kind("zb"), c10::ValueError,
+      "unknown schedule kind 'zb' (expected gpipe, 1f1b, interleaved_1f1b, zb1p)");
+  for (const auto& name : schedule_names()) EXPECT_EQ(c10::str(parse_schedule_kind(name)), name);
+  EXPECT_EQ(schedule_names().size(), 4u);
+}
+
+// The one rule of every engine and the command, worded with the caller's names for the options.
+TEST(ScheduleValidateTest, ScheduleOptionRules) {
+  for (const auto& name : schedule_names()) {
+    const ScheduleKind kind = parse_schedule_kind(name);
+    EXPECT_NO_THROW(check_schedule_options(kind, 1, CheckpointMode::kNever)) << name;
+    GPIPE_EXPECT_THROW_WITH(check_schedule_options(kind, 0, CheckpointMode::kNever),
+                            c10::ValueError, "stages_per_worker must be positive, but got 0");
+  }
+  EXPECT_NO_THROW(
+      check_schedule_options(ScheduleKind::kInterleavedOneFOneB, 3, CheckpointMode::kAlways));
+  GPIPE_EXPECT_THROW_WITH(
+      check_schedule_options(ScheduleKind::kGPipe, 2, CheckpointMode::kNever), c10::ValueError,
+      "schedule gpipe runs one stage per worker, but stages_per_worker is 2 (more than 1 only "
+      "with interleaved_1f1b)");
+  GPIPE_EXPECT_THROW_WITH(
+      check_schedule_options(ScheduleKind::kZeroBubble, 1, CheckpointMode::kExceptLast),
+      c10::ValueError,
+      "schedule zb1p splits each backward into input and weight gradients, which checkpoint "
+      "cannot: use checkpoint with gpipe, 1f1b or interleaved_1f1b");
+  ScheduleOptionNames flags;
+  flags.schedule = "--schedule";
+  flags.stages_per_worker = "--virtual-stages";
+  flags.checkpoint = "--checkpoint";
+  GPIPE_EXPECT_THROW_WITH(
+      check_schedule_options(ScheduleKind::kOneFOneB, 2, CheckpointMode::kNever, flags),
+      c10::ValueError, "--schedule 1f1b runs one stage per worker, but --virtual-stages is 2");
 }
 
 // Counts no memory could hold are refused with their exact size, before any allocation.

@@ -1,7 +1,10 @@
 // Skip connections in explicit schedules: within a stage they work as in a plain Sequential;
-// between stages they are refused up front.
+// between stages they are refused up front, on threads and across processes.
 #include "test_util.h"
 
+#include <cstdlib>
+
+#include "gpipe/distributed/pipeline_stage.h"
 #include "gpipe/schedule/runtime.h"
 #include "gpipe/skip/skippable.h"
 
@@ -79,6 +82,17 @@ TEST(SkipScheduleTest, SkipBetweenStagesIsRefused) {
       PipelineSchedule(residual_model(), {2, 3}, mse, PipelineScheduleOptions(2)), c10::ValueError,
       "skip 'skip' is stashed in stage 0 and popped in stage 1, but explicit schedules carry skip "
       "connections only within a stage");
+  // Across processes too, before the rendezvous (no rank 0 serves MASTER_PORT 1).
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "1", 1);
+  GPIPE_EXPECT_THROW_WITH(distributed::PipelineStage(residual_model(), {2, 3}, mse,
+                                                     distributed::PipelineStageOptions(2)),
+                          c10::ValueError,
+                          "skip 'skip' is stashed in stage 0 and popped in stage 1, but explicit "
+                          "schedules carry skip connections only within a stage");
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(name);
 }
 
 TEST(SkipScheduleTest, UnpairedSkipsAreRefused) {

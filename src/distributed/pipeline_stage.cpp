@@ -1,14 +1,15 @@
 #include "gpipe/distributed/pipeline_stage.h"
 
 #include "exact.h"
+#include "schedule/engine.h"
 #include "split.h"
 
 #include "detail/message_of.h"
 #include "detail/stream.h"
 #include "gpipe/schedule/run_actions.h"
-#include "gpipe/schedule/validate.h"
 
 #include <ATen/Functions.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 #include <torch/cuda.h>
@@ -38,17 +39,13 @@ namespace {
 void check_layout(int64_t world_size, const torch::nn::Sequential& module,
                   const std::vector<int64_t>& balance, const PipelineStageOptions& options) {
   TORCH_CHECK_VALUE(options.chunks() > 0, "chunks must be positive, but got ", options.chunks());
-  TORCH_CHECK_VALUE(options.stages_per_rank() > 0, "stages_per_rank must be positive, but got ",
-                    options.stages_per_rank());
-  TORCH_CHECK_VALUE(options.stages_per_rank() == 1 ||
-                        options.schedule() == schedule::ScheduleKind::kInterleavedOneFOneB,
-                    "schedule ", options.schedule(), " runs one stage per rank, but ",
-                    "stages_per_rank is ", options.stages_per_rank());
-  TORCH_CHECK_VALUE(options.checkpoint() == CheckpointMode::kNever ||
-                        options.schedule() != schedule::ScheduleKind::kZeroBubble,
-                    "schedule ", options.schedule(),
-                    " splits each backward into input and weight gradients, which checkpoint "
-                    "cannot: use checkpoint with gpipe, 1f1b or interleaved_1f1b");
+  schedule::ScheduleOptionNames names;
+  names.stages_per_worker = "stages_per_rank";
+  names.worker = "rank";
+  schedule::check_schedule_options(options.schedule(), options.stages_per_rank(),
+                                   options.checkpoint(), names);
+  TORCH_CHECK_VALUE(options.intra_op_threads() >= 0,
+                    "intra_op_threads must be non-negative, but got ", options.intra_op_threads());
   const int64_t D = options.data_parallel();
   TORCH_CHECK_VALUE(D > 0 && world_size % D == 0, "data_parallel (", D,
                     ") must be positive and divide WORLD_SIZE = ", world_size);
@@ -59,6 +56,7 @@ void check_layout(int64_t world_size, const torch::nn::Sequential& module,
                     (D > 1 ? " in " + std::to_string(D) + " replicas" : std::string()), " with ",
                     options.stages_per_rank(), " stage(s) each run ", detail::to_string(stages));
   detail::check_balance(module, balance);
+  detail::verify_skips_within_stages(detail::split_by_balance(module, balance));
 }
 
 }  // namespace
@@ -101,6 +99,8 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
         group, P, "replicas_of_transport" + std::to_string(group.transports->load()),
         options_.rendezvous_timeout());
   }
+  schedules_ = std::make_unique<detail::ScheduleCache>(options_.schedule(), P, num_stages_,
+                                                       /*queue_capacity=*/0);
   transport_ = std::make_unique<C10dTransport>(std::move(group), num_stages_,
                                                C10dTransportOptions()
                                                    .timeout(options_.timeout())
@@ -131,12 +131,7 @@ torch::nn::Sequential& PipelineStage::stage_module(int64_t index) {
 }
 
 const schedule::Schedule& PipelineStage::schedule(int64_t num_microbatches) {
-  auto it = schedules_.find(num_microbatches);
-  if (it != schedules_.end()) return it->second;
-  schedule::Schedule s =
-      schedule::make_schedule(options_.schedule(), pipeline_size(), num_stages_, num_microbatches);
-  schedule::validate(s, schedule::ValidateOptions().queue_capacity(num_microbatches));
-  return schedules_.emplace(num_microbatches, std::move(s)).first->second;
+  return schedules_->get(num_microbatches);
 }
 
 at::Tensor PipelineStage::step(const Batch& input, const Batch& target) {
@@ -146,26 +141,16 @@ at::Tensor PipelineStage::step(const Batch& input, const Batch& target) {
   double communication_seconds = 0;  // in the replicas' all-reduce
   transport_->reset_communication_seconds();
   transport_->begin_step();
+  if (options_.intra_op_threads() > 0) {
+    at::set_num_threads(static_cast<int>(options_.intra_op_threads()));
+  }
+  trace::UseTracer use_tracer(options_.tracer().get(), rank(), steps_++);
   try {
-    check(input);
-    check(target);
-    const int64_t N = input[0].size(0);
-    TORCH_CHECK_VALUE(target[0].size(0) == N, "input and target must have the same batch size, ",
-                      "but the input has ", N, " and the target ", target[0].size(0));
-    const std::vector<Batch> inputs = scatter(input, options_.chunks());
-    const std::vector<Batch> targets = scatter(target, options_.chunks());
-    const int64_t M = static_cast<int64_t>(inputs.size());
-    std::vector<double> scales(M, 1.0);
-    if (options_.loss_reduction() == schedule::LossReduction::kMean) {
-      for (const auto i : c10::irange(M)) {
-        scales[i] = static_cast<double>(inputs[i][0].size(0)) / static_cast<double>(N);
-      }
-    }
+    const detail::StepBatches batches =
+        detail::split_step(input, target, options_.chunks(), options_.loss_reduction());
+    const int64_t M = batches.size();
     const schedule::Schedule& plan = schedule(M);
-    for (auto& stage : stages_) {
-      stage->reset_live_peak();
-      stage->set_num_microbatches(M);
-    }
+    for (auto& stage : stages_) stage->begin_step(M);
     // Every receive of the step is posted ahead of need, so a sender never waits for this rank.
     const auto& actions = plan.actions[rank() % pipeline_size()];
     std::map<std::pair<int64_t, int64_t>, int64_t> receives;  // per (from, to) stage
@@ -178,11 +163,9 @@ at::Tensor PipelineStage::step(const Batch& input, const Batch& target) {
     at::Tensor message = at::empty({2}, at::kDouble);
     if (rank() != last_rank) transport_->post_recv_from_rank(last_rank, message);
     std::vector<at::Tensor> losses(M);
-    schedule::run_actions(actions, by_index_, *transport_,
-                          schedule::StepInputs{inputs, targets, scales, loss_}, losses);
+    schedule::run_actions(actions, by_index_, *transport_, batches.with(loss_), losses);
     if (rank() == last_rank) {
-      total = losses[0];
-      for (const auto i : c10::irange(1, M)) total = total + losses[i];
+      total = detail::total_loss(losses);
       message[0] = total.item<double>();
       message[1] = static_cast<double>(total.scalar_type());
       for (const auto r : c10::irange(first_rank, first_rank + pipeline_size())) {

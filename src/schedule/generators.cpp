@@ -3,6 +3,7 @@
 #include "exact.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
 #include <algorithm>
@@ -81,8 +82,33 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "1f1b") return ScheduleKind::kOneFOneB;
   if (name == "interleaved_1f1b") return ScheduleKind::kInterleavedOneFOneB;
   if (name == "zb1p") return ScheduleKind::kZeroBubble;
-  TORCH_CHECK_VALUE(false, "unknown schedule kind '", name,
-                    "' (expected gpipe, 1f1b, interleaved_1f1b or zb1p)");
+  TORCH_CHECK_VALUE(false, "unknown schedule kind '", name, "' (expected ",
+                    c10::Join(", ", schedule_names()), ")");
+}
+
+std::vector<std::string> schedule_names() {
+  std::vector<std::string> names;
+  for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+                          ScheduleKind::kInterleavedOneFOneB, ScheduleKind::kZeroBubble}) {
+    names.push_back(c10::str(kind));
+  }
+  return names;
+}
+
+void check_schedule_options(ScheduleKind kind, int64_t stages_per_worker, CheckpointMode checkpoint,
+                            const ScheduleOptionNames& names) {
+  TORCH_CHECK_VALUE(stages_per_worker > 0, names.stages_per_worker, " must be positive, but got ",
+                    stages_per_worker);
+  TORCH_CHECK_VALUE(stages_per_worker == 1 || kind == ScheduleKind::kInterleavedOneFOneB,
+                    names.schedule, " ", kind, " runs one stage per ", names.worker, ", but ",
+                    names.stages_per_worker, " is ", stages_per_worker,
+                    " (more than 1 only with interleaved_1f1b)");
+  // A checkpoint's recomputation runs inside one autograd node, which has no split point
+  // between the input's and the parameters' gradients.
+  TORCH_CHECK_VALUE(
+      checkpoint == CheckpointMode::kNever || kind != ScheduleKind::kZeroBubble, names.schedule,
+      " ", kind, " splits each backward into input and weight gradients, which ", names.checkpoint,
+      " cannot: use ", names.checkpoint, " with gpipe, 1f1b or interleaved_1f1b");
 }
 
 Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches) {

@@ -1,6 +1,8 @@
 #include "gpipe/schedule/stage.h"
 
+#include "gpipe/batchnorm.h"
 #include "gpipe/checkpoint.h"
+#include "gpipe/trace.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
@@ -12,6 +14,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -30,6 +33,17 @@ Stage::Stage(int64_t index, int64_t num_stages, torch::nn::Sequential module, c1
       checkpoint_(checkpoint) {
   TORCH_CHECK_INDEX(index >= 0 && index < num_stages, "stage index ", index,
                     " is out of range for ", num_stages, " stages");
+  deferred_batch_norms_ = detail::deferred_batch_norms(*module_);
+}
+
+void Stage::begin_step(int64_t num_microbatches) {
+  TORCH_CHECK_VALUE(num_microbatches > 0, "a step needs at least one micro-batch, but got ",
+                    num_microbatches);
+  num_microbatches_ = num_microbatches;
+  max_live_ = static_cast<int64_t>(pending_.size());
+  if (module_->is_training()) {
+    for (const auto& deferred : deferred_batch_norms_) deferred->begin_minibatch(num_microbatches);
+  }
 }
 
 Batch Stage::prepare_input(const Batch& input) const {
@@ -56,9 +70,15 @@ Batch Stage::run(int64_t microbatch, const Batch& input) {
       (checkpoint_ == CheckpointMode::kExceptLast && last)) {
     return input.call(module_, what);
   }
-  // The recomputation holds the module, not the stage: it may outlive both.
+  // The recomputation holds the module, not the stage: it may outlive both. It runs inside the
+  // backward's span, on the backward's thread.
   return gpipe::checkpoint(
-      [module = module_, what](const Batch& x) mutable { return x.call(module, what); }, input);
+      [module = module_, what, stage = index_, microbatch](const Batch& x) mutable {
+        std::optional<trace::TraceSpan> span;
+        if (is_recomputing()) span.emplace("recompute", stage, microbatch);
+        return x.call(module, what);
+      },
+      input);
 }
 
 void Stage::keep(int64_t microbatch, Pending pending) {

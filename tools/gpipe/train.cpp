@@ -22,8 +22,6 @@ namespace gpipe {
 namespace cli {
 namespace {
 
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "interleaved_1f1b", "zb1p"};
-
 std::vector<c10::Device> parse_devices(const std::string& list) {
   std::vector<c10::Device> devices;
   std::stringstream in(list);
@@ -126,7 +124,7 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
   c.seed = a.integer("seed", c.seed, 0);
   c.stages = a.integer("stages", c.stages, 1);
   c.chunks = a.integer("chunks", c.chunks, 1);
-  c.schedule = a.choice("schedule", c.schedule, kSchedules);
+  c.schedule = a.choice("schedule", c.schedule, schedule::schedule_names());
   c.virtual_stages = a.integer("virtual-stages", c.virtual_stages, 1);
   c.checkpoint =
       parse_checkpoint_mode(a.choice("checkpoint", "never", {"never", "always", "except_last"}));
@@ -149,13 +147,15 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
     throw UsageError("--virtual-stages " + std::to_string(c.virtual_stages) +
                      " must divide --stages " + std::to_string(c.stages));
   }
-  if (c.checkpoint != CheckpointMode::kNever && c.schedule == "zb1p") {
-    throw UsageError(
-        "--checkpoint cannot be used with --schedule zb1p (its split backward has "
-        "no place for a recomputation)");
-  }
-  if (c.virtual_stages > 1 && c.schedule != "interleaved_1f1b") {
-    throw UsageError("--virtual-stages needs --schedule interleaved_1f1b");
+  try {
+    schedule::ScheduleOptionNames names;
+    names.schedule = "--schedule";
+    names.stages_per_worker = "--virtual-stages";
+    names.checkpoint = "--checkpoint";
+    schedule::check_schedule_options(schedule::parse_schedule_kind(c.schedule), c.virtual_stages,
+                                     c.checkpoint, names);
+  } catch (const c10::ValueError& error) {
+    throw UsageError(error.what_without_backtrace());
   }
   if (!c.devices.empty() && static_cast<int64_t>(c.devices.size()) != c.stages) {
     throw UsageError("--devices names " + std::to_string(c.devices.size()) +

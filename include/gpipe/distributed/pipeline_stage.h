@@ -36,6 +36,7 @@
 #include "gpipe/schedule/generators.h"
 #include "gpipe/schedule/runtime.h"
 #include "gpipe/schedule/stage.h"
+#include "gpipe/trace.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -45,7 +46,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -100,6 +100,14 @@ struct PipelineStageOptions {
   /// anywhere; the loss comes back on the CPU. Default: cuda:LOCAL_RANK where CUDA is available,
   /// else the CPU.
   TORCH_ARG(c10::optional<c10::Device>, device) = c10::nullopt;
+
+  /// at::set_num_threads() at the start of each step; 0 leaves the thread count alone.
+  /// Default: 0.
+  TORCH_ARG(int64_t, intra_op_threads) = 0;
+
+  /// Records every action of this rank's steps (trace.h) as worker `rank`; null for none. Each
+  /// rank has its own: write each one's events, or gather them. Default: null.
+  TORCH_ARG(std::shared_ptr<trace::Tracer>, tracer) = nullptr;
 };
 
 /// The device a rank uses by default: cuda:LOCAL_RANK where LibTorch sees CUDA devices, else the
@@ -132,6 +140,7 @@ class PipelineStage {
   int64_t rank() const { return transport_->rank(); }
   int64_t world_size() const { return transport_->world_size(); }
   int64_t num_stages() const { return num_stages_; }
+  const PipelineStageOptions& options() const { return options_; }
   /// Ranks per pipeline: WORLD_SIZE / data_parallel.
   int64_t pipeline_size() const { return transport_->pipeline_size(); }
   /// Which replica of the pipeline this rank belongs to, in [0, data_parallel).
@@ -164,7 +173,8 @@ class PipelineStage {
   std::vector<schedule::Stage*> by_index_;                // by stage index; null elsewhere
   std::unique_ptr<ReplicaGroup> replicas_;                // with data_parallel > 1
   std::unique_ptr<C10dTransport> transport_;
-  std::map<int64_t, schedule::Schedule> schedules_;  // by number of micro-batches
+  std::unique_ptr<detail::ScheduleCache> schedules_;
+  int64_t steps_ = 0;  // step() calls so far, to name steps in traces
   double last_communication_seconds_ = 0;
   double last_transfer_seconds_ = 0;
 };

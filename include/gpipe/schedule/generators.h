@@ -27,11 +27,13 @@
 // Thread safety: pure functions.
 #pragma once
 
+#include "gpipe/checkpoint.h"
 #include "gpipe/schedule/action.h"
 
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 namespace gpipe {
 namespace schedule {
@@ -48,6 +50,25 @@ std::ostream& operator<<(std::ostream& out, ScheduleKind kind);
 
 /// Parses "gpipe", "1f1b", "interleaved_1f1b" or "zb1p". Throws c10::ValueError for anything else.
 ScheduleKind parse_schedule_kind(const std::string& name);
+
+/// Every name parse_schedule_kind accepts, in the order of ScheduleKind.
+std::vector<std::string> schedule_names();
+
+/// The names a caller knows the options of check_schedule_options by, for its messages (e.g. a
+/// command's flags).
+struct ScheduleOptionNames {
+  std::string schedule = "schedule";
+  std::string stages_per_worker = "stages_per_worker";
+  std::string worker = "worker";
+  std::string checkpoint = "checkpoint";
+};
+
+/// The rules every engine and the command apply to a schedule's options: stages_per_worker is
+/// positive, and more than 1 only for kInterleavedOneFOneB; checkpointing is not for kZeroBubble,
+/// whose split backward has no place for a recomputation. Throws c10::ValueError naming the
+/// options by `names`.
+void check_schedule_options(ScheduleKind kind, int64_t stages_per_worker, CheckpointMode checkpoint,
+                            const ScheduleOptionNames& names = {});
 
 /// GPipe over `num_stages` stages (one per worker) and `num_microbatches` micro-batches.
 /// Throws c10::ValueError unless both are positive.

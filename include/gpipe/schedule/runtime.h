@@ -34,6 +34,7 @@
 #include "gpipe/microbatch.h"
 #include "gpipe/schedule/action.h"
 #include "gpipe/schedule/generators.h"
+#include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/stage.h"
 #include "gpipe/schedule/transport.h"
 #include "gpipe/trace.h"
@@ -51,6 +52,10 @@
 #include <vector>
 
 namespace gpipe {
+namespace detail {
+class ScheduleCache;
+}  // namespace detail
+
 namespace schedule {
 
 /// How the loss function reduces over a micro-batch; see the top of this file.
@@ -120,6 +125,8 @@ class PipelineSchedule {
   PipelineSchedule(const torch::nn::Sequential& module, const std::vector<int64_t>& balance,
                    LossFunction loss, PipelineScheduleOptions options);
 
+  ~PipelineSchedule();
+
   /// One training step on `input` with `target` (split like the input): forward and backward of
   /// every micro-batch in the schedule's order. Returns the loss (see the top of this file),
   /// detached; the parameters' gradients accumulate. Throws c10::ValueError if input and target
@@ -142,22 +149,16 @@ class PipelineSchedule {
   int64_t max_live_microbatches(int64_t index) const;
 
  private:
-  // Throws c10::ValueError for a skip connection between stages, c10::TypeError for stashes
-  // and pops that do not pair up within a stage.
-  void verify_skips_within_stages() const;
-  // The cached schedule for `num_microbatches`. REQUIRES: mutex_ held.
-  const Schedule& plan(int64_t num_microbatches);
-  void run_worker(int64_t worker, const Schedule& schedule, const std::vector<Batch>& inputs,
-                  const std::vector<Batch>& targets, const std::vector<double>& scales,
+  void run_worker(int64_t worker, const Schedule& schedule, const StepInputs& step,
                   std::vector<at::Tensor>& losses, Transport& transport);
 
   std::vector<std::unique_ptr<Stage>> stages_;
   LossFunction loss_;
   PipelineScheduleOptions options_;
   int64_t num_workers_;
-  std::map<int64_t, Schedule> schedules_;  // by number of micro-batches
-  int64_t steps_ = 0;                      // step() calls so far, to name steps in traces
-  std::mutex mutex_;                       // serializes step()
+  std::unique_ptr<detail::ScheduleCache> schedules_;  // guarded by mutex_
+  int64_t steps_ = 0;  // step() calls so far, to name steps in traces
+  std::mutex mutex_;   // serializes step()
 };
 
 }  // namespace schedule

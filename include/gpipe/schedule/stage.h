@@ -32,9 +32,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <vector>
 
 namespace gpipe {
+
+class DeferredBatchNormImpl;
+
 namespace schedule {
 
 /// Computes the loss of one micro-batch from the last stage's output and the target; returns a
@@ -46,7 +50,7 @@ class Stage {
  public:
   /// Stage `index` of `num_stages`, running `module` on `device`. A checkpointed forward
   /// (`checkpoint`: kAlways, or kExceptLast for all but the step's last micro-batch, see
-  /// set_num_microbatches) keeps no activations inside the module; backward recomputes them.
+  /// begin_step) keeps no activations inside the module; backward recomputes them.
   Stage(int64_t index, int64_t num_stages, torch::nn::Sequential module, c10::Device device,
         CheckpointMode checkpoint);
 
@@ -84,13 +88,14 @@ class Stage {
   /// Drops every pending micro-batch, e.g. after a failed step.
   void clear();
 
-  /// The most micro-batches whose graphs this stage held at once since reset_live_peak().
+  /// The most micro-batches whose graphs this stage held at once since begin_step().
   int64_t max_live_microbatches() const { return max_live_; }
-  void reset_live_peak() { max_live_ = static_cast<int64_t>(pending_.size()); }
 
-  /// The number of micro-batches in the coming step, for CheckpointMode::kExceptLast. Until set,
-  /// no micro-batch counts as the last.
-  void set_num_microbatches(int64_t num_microbatches) { num_microbatches_ = num_microbatches; }
+  /// Starts a step of `num_microbatches` micro-batches: the last of them is the one
+  /// CheckpointMode::kExceptLast spares (until the first call, none is), the live peak starts
+  /// anew, and in training the stage's DeferredBatchNorms (batchnorm.h) commit their statistics
+  /// after that many micro-batches.
+  void begin_step(int64_t num_microbatches);
 
  private:
   struct Pending {
@@ -117,6 +122,7 @@ class Stage {
   c10::Device device_;
   CheckpointMode checkpoint_;
   int64_t num_microbatches_ = -1;
+  std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_batch_norms_;
   std::map<int64_t, Pending> pending_;
   int64_t max_live_ = 0;
 };

@@ -1,0 +1,71 @@
+#include "engine.h"
+
+#include "gpipe/schedule/validate.h"
+#include "gpipe/skip/layout.h"
+#include "gpipe/skip/skippable.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <utility>
+
+namespace gpipe {
+namespace detail {
+
+void verify_skips_within_stages(const std::vector<torch::nn::Sequential>& stages) {
+  // Portals carry skips between GPipe's partitions; stages here keep theirs to themselves.
+  const skip::SkipLayout layout = skip::inspect_skip_layout(stages);
+  for (const auto s : c10::irange(stages.size())) {
+    for (const auto& route : layout.stashed_in(s)) {
+      TORCH_CHECK_VALUE(route.pop_partition == s, "skip '", route.key.second,
+                        "' is stashed in stage ", s, " and popped in stage ", route.pop_partition,
+                        ", but explicit schedules carry skip connections only within a stage");
+    }
+    skip::verify_skippables(stages[s]);
+  }
+}
+
+StepBatches split_step(const Batch& input, const Batch& target, int64_t chunks,
+                       schedule::LossReduction reduction) {
+  check(input);
+  check(target);
+  const int64_t N = input[0].size(0);
+  TORCH_CHECK_VALUE(target[0].size(0) == N, "input and target must have the same batch size, but ",
+                    "the input has ", N, " and the target ", target[0].size(0));
+  StepBatches step{scatter(input, chunks), scatter(target, chunks), {}};
+  const int64_t M = step.size();
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(step.targets.size()) == M);
+  step.scales.assign(M, 1.0);
+  if (reduction == schedule::LossReduction::kMean) {
+    for (const auto i : c10::irange(M)) {
+      step.scales[i] = static_cast<double>(step.inputs[i][0].size(0)) / static_cast<double>(N);
+    }
+  }
+  return step;
+}
+
+at::Tensor total_loss(const std::vector<at::Tensor>& losses) {
+  at::Tensor total = losses.at(0);
+  for (const auto i : c10::irange(1, losses.size())) total = total + losses[i];
+  return total;
+}
+
+ScheduleCache::ScheduleCache(schedule::ScheduleKind kind, int64_t num_workers, int64_t num_stages,
+                             int64_t queue_capacity)
+    : kind_(kind),
+      num_workers_(num_workers),
+      num_stages_(num_stages),
+      queue_capacity_(queue_capacity) {}
+
+const schedule::Schedule& ScheduleCache::get(int64_t num_microbatches) {
+  auto it = schedules_.find(num_microbatches);
+  if (it != schedules_.end()) return it->second;
+  schedule::Schedule s =
+      schedule::make_schedule(kind_, num_workers_, num_stages_, num_microbatches);
+  const int64_t capacity = queue_capacity_ > 0 ? queue_capacity_ : num_microbatches;
+  schedule::validate(s, schedule::ValidateOptions().queue_capacity(capacity));
+  return schedules_.emplace(num_microbatches, std::move(s)).first->second;
+}
+
+}  // namespace detail
+}  // namespace gpipe

@@ -1,0 +1,72 @@
+// What the two schedule engines share: PipelineSchedule (a thread per worker, runtime.h) and
+// distributed::PipelineStage (a process per worker, pipeline_stage.h) differ only in where their
+// workers run and which transport carries tensors between them. Both check their stages with
+// verify_skips_within_stages, and each step splits its batch with split_step, takes the
+// schedule from a ScheduleCache, begins the step on its stages, runs its actions (run_actions.h)
+// and adds up the losses with total_loss.
+//
+// Internal to the engines.
+#pragma once
+
+#include "gpipe/microbatch.h"
+#include "gpipe/schedule/action.h"
+#include "gpipe/schedule/generators.h"
+#include "gpipe/schedule/run_actions.h"
+#include "gpipe/schedule/runtime.h"
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+namespace gpipe {
+namespace detail {
+
+/// Throws c10::ValueError for a skip connection between stages (the engines carry skips only
+/// within a stage), c10::TypeError for stashes and pops that do not pair up within a stage.
+void verify_skips_within_stages(const std::vector<torch::nn::Sequential>& stages);
+
+/// One step's micro-batches of the input and of the target, and the scale of each one's loss.
+struct StepBatches {
+  std::vector<Batch> inputs;
+  std::vector<Batch> targets;
+  std::vector<double> scales;
+
+  int64_t size() const { return static_cast<int64_t>(inputs.size()); }
+  schedule::StepInputs with(const schedule::LossFunction& loss) const {
+    return schedule::StepInputs{inputs, targets, scales, loss};
+  }
+};
+
+/// Splits `input` and `target` into at most `chunks` micro-batches; under kMean each one's loss
+/// is scaled by its share of the batch (runtime.h). Throws c10::ValueError for a bad batch or
+/// batches of different sizes.
+StepBatches split_step(const Batch& input, const Batch& target, int64_t chunks,
+                       schedule::LossReduction reduction);
+
+/// The loss of the whole batch: the sum of the micro-batches' scaled losses.
+at::Tensor total_loss(const std::vector<at::Tensor>& losses);
+
+/// The validated schedule of each number of micro-batches, made once.
+class ScheduleCache {
+ public:
+  /// `kind` over `num_stages` stages on `num_workers` workers; edges hold `queue_capacity`
+  /// messages (0: as many as there are micro-batches).
+  ScheduleCache(schedule::ScheduleKind kind, int64_t num_workers, int64_t num_stages,
+                int64_t queue_capacity);
+
+  /// Throws c10::ValueError unless num_microbatches is positive.
+  const schedule::Schedule& get(int64_t num_microbatches);
+
+ private:
+  schedule::ScheduleKind kind_;
+  int64_t num_workers_;
+  int64_t num_stages_;
+  int64_t queue_capacity_;
+  std::map<int64_t, schedule::Schedule> schedules_;
+};
+
+}  // namespace detail
+}  // namespace gpipe
