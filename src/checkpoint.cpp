@@ -2,7 +2,6 @@
 
 #include "detail/dependency.h"
 #include "detail/phony.h"
-#include "gpipe/trace.h"
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
@@ -193,7 +192,6 @@ struct Recompute : torch::autograd::Function<Recompute> {
     RestoredRngStates rng(state->device, state->rng_states);
     torch::autograd::AutoGradMode enable_grad(true);
     EnableRecomputing flag;
-    trace::TraceSpan span("recompute");
     Batch output = state->function(make_batch(leaves, state->input_atomic));
     state->recomputed.emplace(output.tensors(), std::move(leaves));
     return variable_list(2 + input.size());  // the phony, the state, the inputs: none

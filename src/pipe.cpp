@@ -152,8 +152,9 @@ Batch GPipeImpl::run(const Batch& input) {
   }
 
   detail::Pipeline(batches, partitions_, devices_, std::move(copy_streams), partition_workers_,
-                   checkpoint_stop, skip_layout_)
+                   checkpoint_stop, skip_layout_, options_.tracer(), steps_)
       .run();
+  if (is_training()) ++steps_;
   return gather(batches);
 }
 

@@ -1,5 +1,7 @@
 #include "gpipe/trace.h"
 
+#include <ATen/record_function.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -110,15 +112,23 @@ TraceSpan::TraceSpan(const char* name, int64_t stage, int64_t microbatch)
       microbatch_(microbatch >= 0 ? microbatch : t_microbatch),
       enclosing_stage_(t_stage),
       enclosing_microbatch_(t_microbatch) {
-  if (tracer_ == nullptr) return;
   t_stage = stage_;
   t_microbatch = microbatch_;
-  begin_us_ = tracer_->now_us();
+  if (at::hasCallbacks()) {
+    auto profiled = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+    if (profiled->isActive()) {
+      profiled->before("gpipe::" + std::string(name) + "(stage=" + std::to_string(stage_) +
+                       ", microbatch=" + std::to_string(microbatch_) + ")");
+      profiled_ = std::move(profiled);
+    }
+  }
+  if (tracer_ != nullptr) begin_us_ = tracer_->now_us();
 }
 
 TraceSpan::~TraceSpan() {
-  if (tracer_ == nullptr) return;
-  tracer_->record({name_, t_worker, stage_, microbatch_, t_step, begin_us_, tracer_->now_us()});
+  if (tracer_ != nullptr) {
+    tracer_->record({name_, t_worker, stage_, microbatch_, t_step, begin_us_, tracer_->now_us()});
+  }
   t_stage = enclosing_stage_;
   t_microbatch = enclosing_microbatch_;
 }

@@ -1,16 +1,25 @@
 // Tracing: spans record into the thread's tracer, nested spans inherit their task, the bubble is
-// idle worker time, and the writers produce JSON and SVG.
+// idle worker time, and the writers produce JSON and SVG; GPipe records too, and a profiler
+// sees every span.
 #include "test_util.h"
 
 #include <gpipe/checkpoint.h>
+#include <gpipe/pipe.h>
 #include <gpipe/schedule/runtime.h>
 #include <gpipe/trace.h>
 
 #include <tinyxml2.h>
 #include <nlohmann/json.hpp>
 
+#include <ATen/record_function.h>
+
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 namespace gpipe {
 namespace trace {
@@ -113,6 +122,94 @@ TEST(TraceTest, ScheduleRuntimeTracesEveryAction) {
   EXPECT_EQ(by_name["backward"], 2 * 2 * 3);
   EXPECT_EQ(by_name["send_activation"], 2 * 3);
   EXPECT_EQ(by_name["recv_gradient"], 2 * 3);
+}
+
+// GPipe records each partition's forwards, as its row, the recomputations of checkpointed
+// micro-batches, which autograd runs in backward, and the backwards of partitions whose input
+// takes a gradient (not the first here), each recomputation inside its backward.
+TEST(TraceTest, GPipeTracesForwardsRecomputationsAndBackwards) {
+  torch::nn::Sequential sequential(torch::nn::Linear(4, 4), torch::nn::Tanh(),
+                                   torch::nn::Linear(4, 1));
+  auto tracer = std::make_shared<Tracer>();
+  GPipe model(
+      sequential,
+      GPipeOptions({2, 1}).chunks(4).checkpoint(CheckpointMode::kExceptLast).tracer(tracer));
+  for (int step = 0; step < 2; ++step) {
+    model->forward(torch::rand({8, 4})).sum().backward();
+  }
+  using Key = std::tuple<std::string, int64_t, int64_t, int64_t>;  // (name, j, i, step)
+  std::map<Key, int> seen;
+  std::map<Key, Event> by_key;
+  for (const auto& e : tracer->events()) {
+    EXPECT_EQ(e.worker, e.stage);  // partition j on row j
+    EXPECT_LE(e.begin_us, e.end_us);
+    ++seen[{e.name, e.stage, e.microbatch, e.step}];
+    by_key[{e.name, e.stage, e.microbatch, e.step}] = e;
+  }
+  std::map<std::tuple<std::string, int64_t, int64_t, int64_t>, int> expected;
+  for (int64_t step = 0; step < 2; ++step) {
+    for (int64_t j = 0; j < 2; ++j) {
+      for (int64_t i = 0; i < 4; ++i) {
+        expected[{"forward", j, i, step}] = 1;
+        if (i < 3) expected[{"recompute", j, i, step}] = 1;  // all but the last
+        if (j == 1) expected[{"backward", j, i, step}] = 1;
+      }
+    }
+  }
+  EXPECT_EQ(seen, expected);
+  for (int64_t i = 0; i < 3; ++i) {
+    const Event& recompute = by_key[{"recompute", 1, i, 0}];
+    const Event& backward = by_key[{"backward", 1, i, 0}];
+    EXPECT_LE(backward.begin_us, recompute.begin_us) << "micro-batch " << i;
+    EXPECT_LE(recompute.end_us, backward.end_us) << "micro-batch " << i;
+  }
+}
+
+// Every span is a RecordFunction, so a profiler sees the pipeline's tasks without a tracer:
+// here a global RecordFunction callback, as torch.profiler installs.
+std::mutex g_profiled_mutex;
+std::vector<std::string> g_profiled;  // guarded by g_profiled_mutex
+
+std::unique_ptr<at::ObserverContext> on_function(const at::RecordFunction& function) {
+  const std::string name = function.name();
+  if (name.rfind("gpipe::", 0) == 0) {
+    std::lock_guard<std::mutex> lock(g_profiled_mutex);
+    g_profiled.push_back(name);
+  }
+  return nullptr;
+}
+
+TEST(TraceTest, SpansReachTheProfiler) {
+  torch::nn::Sequential sequential(torch::nn::Linear(4, 4), torch::nn::Tanh(),
+                                   torch::nn::Linear(4, 1));
+  const auto handle = at::addGlobalCallback(at::RecordFunctionCallback(on_function));
+  {
+    schedule::PipelineSchedule pipe(
+        sequential, {2, 1},
+        [](const Batch& y, const Batch& t) { return torch::mse_loss(y.tensor(), t.tensor()); },
+        schedule::PipelineScheduleOptions(2));
+    pipe.step(torch::rand({4, 4}), torch::rand({4, 1}));
+    GPipe model(sequential, GPipeOptions({2, 1}).chunks(2).checkpoint(CheckpointMode::kAlways));
+    model->forward(torch::rand({4, 4})).sum().backward();
+  }
+  at::removeCallback(handle);
+  std::map<std::string, int> count;
+  {
+    std::lock_guard<std::mutex> lock(g_profiled_mutex);
+    for (const auto& name : g_profiled) ++count[name];
+  }
+  // Schedule: a forward and a backward per stage and micro-batch; GPipe: a forward and a
+  // recomputation per partition and micro-batch.
+  for (int64_t s = 0; s < 2; ++s) {
+    for (int64_t i = 0; i < 2; ++i) {
+      const std::string where =
+          "(stage=" + std::to_string(s) + ", microbatch=" + std::to_string(i) + ")";
+      EXPECT_EQ(count["gpipe::forward" + where], 2) << where;
+      EXPECT_EQ(count["gpipe::backward" + where], 1) << where;
+      EXPECT_EQ(count["gpipe::recompute" + where], 1) << where;
+    }
+  }
+  EXPECT_EQ(count["gpipe::send_activation(stage=0, microbatch=1)"], 1);
 }
 
 }  // namespace

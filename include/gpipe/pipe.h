@@ -14,6 +14,7 @@
 #include "gpipe/checkpoint.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/skip/layout.h"
+#include "gpipe/trace.h"
 
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
@@ -67,6 +68,11 @@ struct GPipeOptions {
   /// once per mini-batch from all its micro-batches, as without a pipeline.
   /// Default: false.
   TORCH_ARG(bool, deferred_batch_norm) = false;
+
+  /// Records each partition's forward, recomputation and backward of each micro-batch (trace.h),
+  /// partition j on worker row j, one step per training forward; a backward only where the
+  /// partition's input takes a gradient (src/detail/backward_span.h). Null for none. Default: null.
+  TORCH_ARG(std::shared_ptr<trace::Tracer>, tracer) = nullptr;
 };
 
 /// The GPipe module. See the file comment.
@@ -162,6 +168,7 @@ class GPipeImpl : public torch::nn::Module {
   std::shared_ptr<const skip::SkipLayout> skip_layout_;
   // The DeferredBatchNorms of the partitions, told each training forward's micro-batch count.
   std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_batch_norms_;
+  int64_t steps_ = 0;  // training forwards so far, to name steps in traces
 };
 
 TORCH_MODULE(GPipe);

@@ -1,10 +1,12 @@
 #include "detail/pipeline.h"
 
+#include "detail/backward_span.h"
 #include "detail/copy.h"
 #include "detail/dependency.h"
 #include "detail/stream.h"
 #include "gpipe/checkpoint.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/irange.h>
 
@@ -46,7 +48,8 @@ bool both_cpu(const c10::Stream& a, const c10::Stream& b) { return is_cpu(a) && 
 Pipeline::Pipeline(std::vector<Batch>& batches, std::vector<torch::nn::Sequential>& partitions,
                    std::vector<c10::Device> devices,
                    std::vector<std::vector<c10::Stream>> copy_streams, std::vector<Worker*> workers,
-                   size_t checkpoint_stop, std::shared_ptr<const skip::SkipLayout> skip_layout)
+                   size_t checkpoint_stop, std::shared_ptr<const skip::SkipLayout> skip_layout,
+                   std::shared_ptr<trace::Tracer> tracer, int64_t step)
     : batches_(batches),
       partitions_(partitions),
       devices_(std::move(devices)),
@@ -54,7 +57,9 @@ Pipeline::Pipeline(std::vector<Batch>& batches, std::vector<torch::nn::Sequentia
       workers_(std::move(workers)),
       checkpoint_stop_(checkpoint_stop),
       skip_layout_(std::move(skip_layout)),
-      caller_(std::make_shared<at::ThreadLocalState>()) {
+      caller_(std::make_shared<at::ThreadLocalState>()),
+      tracer_(std::move(tracer)),
+      step_(step) {
   for (const auto& device : devices_) compute_streams_.push_back(current_stream(device));
   if (skip_layout_ && !skip_layout_->empty()) {
     for (size_t i = 0; i < batches_.size(); ++i) {
@@ -92,6 +97,9 @@ void Pipeline::fence(const std::vector<Step>& clock) {
 void Pipeline::compute(const std::vector<Step>& clock) {
   const size_t n = partitions_.size();
   std::vector<Task> here;  // tasks of partitions without a worker
+  // The backward of each task of the clock, in clock order, when traced.
+  std::vector<std::shared_ptr<BackwardSpan>> backward_spans;
+  const bool trace_backward = tracer_ && at::GradMode::is_enabled();
 
   for (const auto& [i, j] : clock) {
     Batch& batch = batches_[i];
@@ -99,6 +107,12 @@ void Pipeline::compute(const std::vector<Step>& clock) {
     // [1] Synchronize with the copied input.
     if (j != 0 && !both_cpu(copy_streams_[j][i], stream)) {
       batch.set_tensors(wait(batch.tensors(), copy_streams_[j][i], stream));
+    }
+
+    if (trace_backward) {
+      backward_spans.push_back(std::make_shared<BackwardSpan>(tracer_, static_cast<int64_t>(j),
+                                                              static_cast<int64_t>(i), step_));
+      backward_spans.back()->watch_input(batch);
     }
 
     Task task;
@@ -118,6 +132,16 @@ void Pipeline::compute(const std::vector<Step>& clock) {
         return skip::detail::call_with_skips(input, partition, j, tracker, what);
       };
     }
+    // On whichever thread runs it (a worker, the caller, or autograd's for a recomputation),
+    // partition j's computation of micro-batch i is a span on row j: in the tracer, if any, and
+    // for a profiler (trace.h).
+    function = [function = std::move(function), tracer = tracer_, i, j,
+                step = step_](const Batch& input) {
+      trace::UseTracer use_tracer(tracer.get(), static_cast<int64_t>(j), step);
+      trace::TraceSpan span(is_recomputing() ? "recompute" : "forward", static_cast<int64_t>(j),
+                            static_cast<int64_t>(i));
+      return function(input);
+    };
     if (i < checkpoint_stop_) {
       auto checkpointing = std::make_shared<Checkpointing>(std::move(function), batch);
       task.compute = [checkpointing] { return checkpointing->checkpoint(); };
@@ -142,7 +166,9 @@ void Pipeline::compute(const std::vector<Step>& clock) {
   }
 
   std::exception_ptr error;
+  size_t position = 0;  // in the clock
   for (const auto& [i, j] : clock) {
+    const size_t k = position++;
     Completion done;
     if (workers_[j] != nullptr) {
       done = workers_[j]->take();
@@ -169,6 +195,7 @@ void Pipeline::compute(const std::vector<Step>& clock) {
       UseStream use_stream(stream);
       done.task.finalize(batch);
     }
+    if (trace_backward) backward_spans[k]->watch_output(batch);
     batches_[i] = std::move(batch);
   }
   if (error) std::rethrow_exception(error);

@@ -43,6 +43,7 @@
 #include "gpipe/microbatch.h"
 #include "gpipe/skip/layout.h"
 #include "gpipe/skip/tracker.h"
+#include "gpipe/trace.h"
 
 #include <c10/core/Stream.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -78,10 +79,13 @@ class Pipeline {
   /// `copy_streams[j][i]` is the stream that micro-batch i arrives on at partition j;
   /// `workers[j]` computes partition j, or the calling thread where it is null. Micro-batches
   /// i < checkpoint_stop are checkpointed. Skips follow `skip_layout` (none if null or empty).
+  /// Each partition's forwards and recomputations are trace spans (trace.h), recorded in
+  /// `tracer`, if any, as `step`.
   Pipeline(std::vector<Batch>& batches, std::vector<torch::nn::Sequential>& partitions,
            std::vector<c10::Device> devices, std::vector<std::vector<c10::Stream>> copy_streams,
            std::vector<Worker*> workers, size_t checkpoint_stop,
-           std::shared_ptr<const skip::SkipLayout> skip_layout = nullptr);
+           std::shared_ptr<const skip::SkipLayout> skip_layout = nullptr,
+           std::shared_ptr<trace::Tracer> tracer = nullptr, int64_t step = 0);
 
   /// Runs every clock. The first exception of any task is rethrown once the tasks of its clock
   /// have finished; later clocks do not run.
@@ -102,6 +106,8 @@ class Pipeline {
   // One per micro-batch when the model has skips, else empty.
   std::vector<std::shared_ptr<skip::SkipTrackerThroughPortals>> skip_trackers_;
   std::shared_ptr<const at::ThreadLocalState> caller_;
+  std::shared_ptr<trace::Tracer> tracer_;
+  int64_t step_;
 };
 
 }  // namespace detail
