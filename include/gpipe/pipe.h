@@ -70,8 +70,9 @@ struct GPipeOptions {
   TORCH_ARG(bool, deferred_batch_norm) = false;
 
   /// Records each partition's forward, recomputation and backward of each micro-batch (trace.h),
-  /// partition j on worker row j, one step per training forward; a backward only where the
-  /// partition's input takes a gradient (src/detail/backward_span.h). Null for none. Default: null.
+  /// partition j on worker row j, one step per training forward; a backward only where its input
+  /// takes a gradient (not micro-batch 0 of partition 0 for an input that needs none; see
+  /// src/detail/backward_span.h). Null for none. Default: null.
   TORCH_ARG(std::shared_ptr<trace::Tracer>, tracer) = nullptr;
 };
 

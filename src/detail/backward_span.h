@@ -3,8 +3,9 @@
 // GPipe's backward runs inside autograd, not as a task of its own: it begins when the gradient of
 // the partition's output arrives and ends when the gradient of its input has been computed.
 // Hooks on those tensors record it in the tracer, as "backward" on the partition's row, with the
-// recomputation (if checkpointed) inside it. A partition whose input takes no gradient (usually
-// the first) has no end to see, and records nothing.
+// recomputation (if checkpointed) inside it. Where the input takes no gradient there is no end
+// to see and nothing is recorded: only on the first partition, for micro-batch 0 when the user's
+// input needs no gradient (later micro-batches' inputs carry the backward-order edge).
 //
 // Internal to the pipeline (pipeline.h).
 #pragma once
