@@ -78,19 +78,20 @@ GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
     partitions_.push_back(partition);
     devices_.push_back(device);
 
-    // One worker per distinct accelerator: partitions on one device take turns on its thread.
-    // CPU partitions are computed by the thread that calls forward (see detail/worker.h).
+    // One device thread per distinct accelerator: partitions on one device take turns on its
+    // thread. CPU partitions are computed by the thread that calls forward (see
+    // detail/device_thread.h).
     if (device.is_cpu()) {
-      partition_workers_.push_back(nullptr);
+      partition_threads_.push_back(nullptr);
       continue;
     }
-    auto same_device = [&](const auto& worker) { return worker->device() == device; };
-    auto worker = std::find_if(workers_.begin(), workers_.end(), same_device);
-    if (worker == workers_.end()) {
-      workers_.push_back(std::make_unique<detail::Worker>(device));
-      worker = std::prev(workers_.end());
+    auto same_device = [&](const auto& thread) { return thread->device() == device; };
+    auto thread = std::find_if(device_threads_.begin(), device_threads_.end(), same_device);
+    if (thread == device_threads_.end()) {
+      device_threads_.push_back(std::make_unique<detail::DeviceThread>(device));
+      thread = std::prev(device_threads_.end());
     }
-    partition_workers_.push_back(worker->get());
+    partition_threads_.push_back(thread->get());
   }
   copy_streams_.resize(partitions_.size());
   skip_layout_ = std::make_shared<const skip::SkipLayout>(skip::inspect_skip_layout(partitions_));
@@ -151,7 +152,7 @@ Batch GPipeImpl::run(const Batch& input) {
     copy_streams.emplace_back(streams.begin(), streams.begin() + m);
   }
 
-  detail::Pipeline(batches, partitions_, devices_, std::move(copy_streams), partition_workers_,
+  detail::Pipeline(batches, partitions_, devices_, std::move(copy_streams), partition_threads_,
                    checkpoint_stop, skip_layout_, options_.tracer(), steps_)
       .run();
   if (is_training()) ++steps_;

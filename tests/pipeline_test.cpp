@@ -2,9 +2,9 @@
 // checkpointing, exceptions and equivalence with the plain model.
 #include "test_util.h"
 
+#include "detail/device_thread.h"
 #include "detail/pipeline.h"
 #include "detail/stream.h"
-#include "detail/worker.h"
 #include "gpipe/checkpoint.h"
 
 #include <torch/torch.h>
@@ -27,23 +27,23 @@
 namespace gpipe {
 namespace {
 
+using detail::DeviceThread;
 using detail::Pipeline;
-using detail::Worker;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 const c10::Device kCpu(c10::kCPU);
 const c10::Stream kCpuStream(c10::Stream::DEFAULT, kCpu);
 
-using Steps = std::vector<std::vector<Step>>;
-using Cell = std::pair<int, int>;  // (micro-batch, partition)
+using Clocks = std::vector<std::vector<Cell>>;
+using Logged = std::pair<int, int>;  // (micro-batch, partition)
 
 TEST(PipelineTest, ClockCycles) {
-  EXPECT_EQ(clock_cycles(1, 1), (Steps{{{0, 0}}}));
-  EXPECT_EQ(clock_cycles(1, 3), (Steps{{{0, 0}}, {{0, 1}}, {{0, 2}}}));
-  EXPECT_EQ(clock_cycles(3, 1), (Steps{{{0, 0}}, {{1, 0}}, {{2, 0}}}));
+  EXPECT_EQ(clock_cycles(1, 1), (Clocks{{{0, 0}}}));
+  EXPECT_EQ(clock_cycles(1, 3), (Clocks{{{0, 0}}, {{0, 1}}, {{0, 2}}}));
+  EXPECT_EQ(clock_cycles(3, 1), (Clocks{{{0, 0}}, {{1, 0}}, {{2, 0}}}));
 
-  EXPECT_EQ(clock_cycles(3, 3), (Steps{
+  EXPECT_EQ(clock_cycles(3, 3), (Clocks{
                                     {{0, 0}},
                                     {{1, 0}, {0, 1}},
                                     {{2, 0}, {1, 1}, {0, 2}},
@@ -51,7 +51,7 @@ TEST(PipelineTest, ClockCycles) {
                                     {{2, 2}},
                                 }));
 
-  EXPECT_EQ(clock_cycles(4, 2), (Steps{
+  EXPECT_EQ(clock_cycles(4, 2), (Clocks{
                                     {{0, 0}},
                                     {{1, 0}, {0, 1}},
                                     {{2, 0}, {1, 1}},
@@ -66,13 +66,13 @@ TEST(PipelineTest, ClockCyclesEdges) {
   // Every cell exactly once, m + n - 1 clocks, i + j == k within clock k.
   for (size_t m = 1; m <= 5; ++m) {
     for (size_t n = 1; n <= 5; ++n) {
-      Steps clocks = clock_cycles(m, n);
+      Clocks clocks = clock_cycles(m, n);
       ASSERT_EQ(clocks.size(), m + n - 1);
       std::set<std::pair<size_t, size_t>> cells;
       for (size_t k = 0; k < clocks.size(); ++k) {
-        for (const Step& step : clocks[k]) {
-          EXPECT_EQ(step.microbatch + step.partition, k);
-          EXPECT_TRUE(cells.insert({step.microbatch, step.partition}).second);
+        for (const Cell& cell : clocks[k]) {
+          EXPECT_EQ(cell.microbatch + cell.partition, k);
+          EXPECT_TRUE(cells.insert({cell.microbatch, cell.partition}).second);
         }
       }
       EXPECT_EQ(cells.size(), m * n);
@@ -80,9 +80,9 @@ TEST(PipelineTest, ClockCyclesEdges) {
   }
 }
 
-TEST(PipelineTest, StepPrints) {
+TEST(PipelineTest, CellPrints) {
   std::ostringstream out;
-  out << Step{2, 1};
+  out << Cell{2, 1};
   EXPECT_EQ(out.str(), "(2,1)");
 }
 
@@ -90,7 +90,7 @@ TEST(PipelineTest, StepPrints) {
 struct CpuPipeline {
   explicit CpuPipeline(size_t partitions, bool shared_worker = false) {
     for (size_t j = 0; j < (shared_worker ? 1 : partitions); ++j) {
-      owned.push_back(std::make_unique<Worker>(kCpu));
+      owned.push_back(std::make_unique<DeviceThread>(kCpu));
     }
     for (size_t j = 0; j < partitions; ++j) {
       workers.push_back(owned[shared_worker ? 0 : j].get());
@@ -106,8 +106,8 @@ struct CpuPipeline {
     Pipeline(batches, partitions, devices, copy_streams, workers, checkpoint_stop).run();
   }
 
-  std::vector<std::unique_ptr<Worker>> owned;
-  std::vector<Worker*> workers;
+  std::vector<std::unique_ptr<DeviceThread>> owned;
+  std::vector<DeviceThread*> workers;
 };
 
 // A thread-safe log of cells.
@@ -116,7 +116,7 @@ struct Timeline {
     std::lock_guard<std::mutex> lock(mutex);
     cells.emplace_back(i, j);
   }
-  std::vector<Cell> get() {
+  std::vector<Logged> get() {
     std::lock_guard<std::mutex> lock(mutex);
     return cells;
   }
@@ -131,7 +131,7 @@ struct Timeline {
     return events;
   }
   std::mutex mutex;
-  std::vector<Cell> cells;                         // guarded by mutex
+  std::vector<Logged> cells;                       // guarded by mutex
   std::vector<std::tuple<char, int, int>> events;  // guarded by mutex
 };
 
@@ -165,7 +165,7 @@ void test_forward_lockstep(bool shared_worker) {
   //
   //   Partition #0: 0! 1!   2!
   //   Partition #1:    000! 111! 222!
-  EXPECT_EQ(timeline.get(), (std::vector<Cell>{{0, 0}, {1, 0}, {0, 1}, {2, 0}, {1, 1}, {2, 1}}));
+  EXPECT_EQ(timeline.get(), (std::vector<Logged>{{0, 0}, {1, 0}, {0, 1}, {2, 0}, {1, 1}, {2, 1}}));
 }
 
 TEST(PipelineTest, ForwardLockstep) { test_forward_lockstep(/*shared_worker=*/false); }
@@ -343,8 +343,8 @@ std::vector<std::tuple<char, int, int>> backward_events(int m, int n, size_t che
   return timeline.get_events();
 }
 
-std::vector<Cell> cells_of(const std::vector<std::tuple<char, int, int>>& events, char kind) {
-  std::vector<Cell> cells;
+std::vector<Logged> cells_of(const std::vector<std::tuple<char, int, int>>& events, char kind) {
+  std::vector<Logged> cells;
   for (const auto& [k, i, j] : events) {
     if (k == kind) cells.emplace_back(i, j);
   }
@@ -358,11 +358,11 @@ void expect_recompute_order(const std::vector<std::tuple<char, int, int>>& event
   auto position = [&events](char kind, int i, int j) {
     return std::find(events.begin(), events.end(), std::make_tuple(kind, i, j)) - events.begin();
   };
-  std::vector<Cell> expected_cells;
+  std::vector<Logged> expected_cells;
   for (int i = 0; i < checkpoint_stop; ++i) {
     for (int j = 0; j < n; ++j) expected_cells.emplace_back(i, j);
   }
-  std::vector<Cell> recomputed = cells_of(events, 'R');
+  std::vector<Logged> recomputed = cells_of(events, 'R');
   std::sort(recomputed.begin(), recomputed.end());
   EXPECT_EQ(recomputed, expected_cells) << "each checkpointed cell is recomputed exactly once";
   for (const auto& [i, j] : expected_cells) {
@@ -374,10 +374,10 @@ void expect_recompute_order(const std::vector<std::tuple<char, int, int>>& event
 }
 
 // Checks GPipe's backward order: (i, j) before (i - 1, j) and before (i, j - 1).
-void expect_gpipe_backward_order(const std::vector<Cell>& log, int m, int n) {
+void expect_gpipe_backward_order(const std::vector<Logged>& log, int m, int n) {
   ASSERT_EQ(log.size(), static_cast<size_t>(m * n));
   auto position = [&log](int i, int j) {
-    return std::find(log.begin(), log.end(), Cell{i, j}) - log.begin();
+    return std::find(log.begin(), log.end(), Logged{i, j}) - log.begin();
   };
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < n; ++j) {
@@ -390,8 +390,8 @@ void expect_gpipe_backward_order(const std::vector<Cell>& log, int m, int n) {
       if (j > 0) EXPECT_LT(position(i, j), position(i, j - 1));
     }
   }
-  EXPECT_EQ(log.front(), (Cell{m - 1, n - 1}));
-  EXPECT_EQ(log.back(), (Cell{0, 0}));
+  EXPECT_EQ(log.front(), (Logged{m - 1, n - 1}));
+  EXPECT_EQ(log.back(), (Logged{0, 0}));
 }
 
 TEST(PipelineTest, BackwardOrder) {
@@ -478,12 +478,12 @@ TEST(PipelineTest, CheckpointStop) {
   CpuPipeline(1).run(batches, partitions, /*checkpoint_stop=*/2);
 
   // Micro-batches 0 and 1 are checkpointed, 2 is not.
-  EXPECT_EQ(checkpointed.get(), (std::vector<Cell>{{0, 1}, {1, 1}, {2, 0}}));
+  EXPECT_EQ(checkpointed.get(), (std::vector<Logged>{{0, 1}, {1, 1}, {2, 0}}));
   EXPECT_TRUE(recomputed.get().empty());
 
   gather(batches).tensor().sum().backward();
   // Only the checkpointed ones are recomputed, the later first.
-  EXPECT_EQ(recomputed.get(), (std::vector<Cell>{{1, 0}, {0, 0}}));
+  EXPECT_EQ(recomputed.get(), (std::vector<Logged>{{1, 0}, {0, 0}}));
   EXPECT_TRUE(torch::equal(x.grad(), torch::ones({3, 1})));
 }
 
@@ -534,9 +534,9 @@ TEST(PipelineTest, ExceptionStopsLaterClocks) {
                             "partition 1 fails on micro-batch 0");
 
     // Clock 1 ran to its end ((1,0) beside the failing (0,1)); clock 2 never started.
-    std::vector<Cell> cells = timeline.get();
+    std::vector<Logged> cells = timeline.get();
     std::sort(cells.begin(), cells.end());
-    EXPECT_EQ(cells, (std::vector<Cell>{{0, 0}, {0, 1}, {1, 0}}));
+    EXPECT_EQ(cells, (std::vector<Logged>{{0, 0}, {0, 1}, {1, 0}}));
 
     // The workers are still usable.
     std::vector<torch::nn::Sequential> fine{torch::nn::Sequential(Failing(&timeline, 0, -1)),
@@ -584,7 +584,7 @@ TEST(PipelineTest, CpuToCuda_CUDA) {
   std::vector<torch::nn::Sequential> partitions{torch::nn::Sequential(first),
                                                 torch::nn::Sequential(second)};
   std::vector<Batch> batches = scatter(Batch(x), 2);
-  Worker cpu_worker(kCpu), cuda_worker(cuda);
+  DeviceThread cpu_worker(kCpu), cuda_worker(cuda);
   std::vector<std::vector<c10::Stream>> copy_streams{
       {kCpuStream, kCpuStream}, {detail::new_stream(cuda), detail::new_stream(cuda)}};
   Pipeline(batches, partitions, {kCpu, cuda}, copy_streams, {&cpu_worker, &cuda_worker}, 1).run();

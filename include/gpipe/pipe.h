@@ -2,7 +2,7 @@
 // micro-batches, transparently to autograd.
 //
 // forward() splits the batch into `chunks` micro-batches, runs them through the partitions in
-// GPipe's clock-cycle schedule (src/detail/pipeline.h), with one worker thread per accelerator (the
+// GPipe's clock-cycle schedule (src/detail/pipeline.h), with one device thread per accelerator (the
 // calling thread computes CPU partitions), and concatenates the outputs. backward() is autograd's
 // own: the same loss.backward() as for the plain Sequential, giving the same gradients, with
 // checkpointed micro-batches recomputed on the way.
@@ -36,7 +36,7 @@ namespace gpipe {
 
 class DeferredBatchNormImpl;
 namespace detail {
-class Worker;  // src/detail/worker.h
+class DeviceThread;  // src/detail/device_thread.h
 }  // namespace detail
 
 /// Options for GPipe.
@@ -160,8 +160,9 @@ class GPipeImpl : public torch::nn::Module {
   std::vector<torch::nn::Sequential> partitions_;
   std::vector<c10::Device> devices_;
   std::vector<std::shared_ptr<torch::nn::Module>> layers_;
-  std::vector<std::unique_ptr<detail::Worker>> workers_;  // one per distinct device
-  std::vector<detail::Worker*> partition_workers_;        // the worker of each partition
+  std::vector<std::unique_ptr<detail::DeviceThread>> device_threads_;  // one per distinct device
+  std::vector<detail::DeviceThread*>
+      partition_threads_;  // the device thread of each partition (null: CPU)
 
   std::mutex forward_mutex_;
   std::vector<std::vector<c10::Stream>> copy_streams_;  // [partition][micro-batch]; guarded by it

@@ -15,15 +15,15 @@
 
 namespace gpipe {
 
-std::ostream& operator<<(std::ostream& out, const Step& step) {
-  return out << "(" << step.microbatch << "," << step.partition << ")";
+std::ostream& operator<<(std::ostream& out, const Cell& cell) {
+  return out << "(" << cell.microbatch << "," << cell.partition << ")";
 }
 
-std::vector<std::vector<Step>> clock_cycles(size_t m, size_t n) {
-  std::vector<std::vector<Step>> clocks;
+std::vector<std::vector<Cell>> clock_cycles(size_t m, size_t n) {
+  std::vector<std::vector<Cell>> clocks;
   if (m == 0 || n == 0) return clocks;
   for (size_t k = 0; k < m + n - 1; ++k) {
-    std::vector<Step> clock;
+    std::vector<Cell> clock;
     for (size_t j = k + 1 > m ? k + 1 - m : 0; j < std::min(k + 1, n); ++j)
       clock.push_back({k - j, j});
     clocks.push_back(std::move(clock));
@@ -47,14 +47,15 @@ bool both_cpu(const c10::Stream& a, const c10::Stream& b) { return is_cpu(a) && 
 
 Pipeline::Pipeline(std::vector<Batch>& batches, std::vector<torch::nn::Sequential>& partitions,
                    std::vector<c10::Device> devices,
-                   std::vector<std::vector<c10::Stream>> copy_streams, std::vector<Worker*> workers,
-                   size_t checkpoint_stop, std::shared_ptr<const skip::SkipLayout> skip_layout,
+                   std::vector<std::vector<c10::Stream>> copy_streams,
+                   std::vector<DeviceThread*> threads, size_t checkpoint_stop,
+                   std::shared_ptr<const skip::SkipLayout> skip_layout,
                    std::shared_ptr<trace::Tracer> tracer, int64_t step)
     : batches_(batches),
       partitions_(partitions),
       devices_(std::move(devices)),
       copy_streams_(std::move(copy_streams)),
-      workers_(std::move(workers)),
+      device_threads_(std::move(threads)),
       checkpoint_stop_(checkpoint_stop),
       skip_layout_(std::move(skip_layout)),
       caller_(std::make_shared<at::ThreadLocalState>()),
@@ -75,7 +76,7 @@ void Pipeline::run() {
   }
 }
 
-void Pipeline::fence(const std::vector<Step>& clock) {
+void Pipeline::fence(const std::vector<Cell>& clock) {
   for (const auto& [i, j] : clock) {
     // Micro-batch i-1 is differentiated after micro-batch i.
     if (i != 0) depend(batches_[i - 1], batches_[i]);
@@ -94,9 +95,9 @@ void Pipeline::fence(const std::vector<Step>& clock) {
   }
 }
 
-void Pipeline::compute(const std::vector<Step>& clock) {
+void Pipeline::compute(const std::vector<Cell>& clock) {
   const size_t n = partitions_.size();
-  std::vector<Task> here;  // tasks of partitions without a worker
+  std::vector<Task> here;  // tasks of partitions without a device thread
   // The backward of each task of the clock, in clock order, when traced.
   std::vector<std::shared_ptr<BackwardSpan>> backward_spans;
   const bool trace_backward = tracer_ && at::GradMode::is_enabled();
@@ -132,7 +133,7 @@ void Pipeline::compute(const std::vector<Step>& clock) {
         return skip::detail::call_with_skips(input, partition, j, tracker, what);
       };
     }
-    // On whichever thread runs it (a worker, the caller, or autograd's for a recomputation),
+    // On whichever thread runs it (a device thread, the caller, or autograd's for a recomputation),
     // partition j's computation of micro-batch i is a span on row j: in the tracer, if any, and
     // for a profiler (trace.h).
     function = [function = std::move(function), tracer = tracer_, i, j,
@@ -149,10 +150,10 @@ void Pipeline::compute(const std::vector<Step>& clock) {
     } else {
       task.compute = [function = std::move(function), batch] { return function(batch); };
     }
-    // [2] Compute on the partition's worker, in parallel with the other partitions; CPU tasks
-    // wait until every worker has its task.
-    if (workers_[j] != nullptr) {
-      workers_[j]->submit(std::move(task));
+    // [2] Compute on the partition's device thread, in parallel with the other partitions; CPU
+    // tasks wait until every device thread has its task.
+    if (device_threads_[j] != nullptr) {
+      device_threads_[j]->submit(std::move(task));
     } else {
       here.push_back(std::move(task));
     }
@@ -170,8 +171,8 @@ void Pipeline::compute(const std::vector<Step>& clock) {
   for (const auto& [i, j] : clock) {
     const size_t k = position++;
     Completion done;
-    if (workers_[j] != nullptr) {
-      done = workers_[j]->take();
+    if (device_threads_[j] != nullptr) {
+      done = device_threads_[j]->take();
     } else {
       done = std::move(done_here.front());
       done_here.pop_front();

@@ -3,7 +3,7 @@
 // At clock k, micro-batch i runs on partition j for every i + j == k. Each clock has two phases:
 // the fence, on the driving thread, adds the backward-order dependency between neighbouring
 // micro-batches and copies each micro-batch to its next device; the compute phase hands each
-// (i, j) to partition j's worker (CPU partitions: computes it on the driving thread) and, as
+// (i, j) to partition j's device thread (CPU partitions: computes it on the driving thread) and, as
 // results come back in order, finalizes them. With
 // checkpointing, the autograd graph of one (i, j) looks like this:
 //
@@ -15,7 +15,7 @@
 //       │    Wait    │ [1] partition j's compute stream waits for the copy stream.
 //       └─────┰──────┘
 //       ┌─────┸──────┐
-//       │ Checkpoint │ [2] partition j runs on its worker thread, checkpointed.
+//       │ Checkpoint │ [2] partition j runs on its device thread, checkpointed.
 //       └─────┰──────┘
 //       ┌─────┸──────┐
 //       │    Wait    │ [3] the next copy stream waits for the compute stream.
@@ -36,10 +36,10 @@
 // the fence of the popping one, taken out before its [2].
 //
 // Thread safety: Pipeline::run is called by one thread, which owns the batches; tasks run on the
-// workers given.
+// device threads given.
 #pragma once
 
-#include "detail/worker.h"
+#include "detail/device_thread.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/skip/layout.h"
 #include "gpipe/skip/tracker.h"
@@ -55,35 +55,35 @@
 namespace gpipe {
 
 /// One cell of the schedule: micro-batch `microbatch` on partition `partition`.
-struct Step {
+struct Cell {
   size_t microbatch;
   size_t partition;
-  bool operator==(const Step& other) const {
+  bool operator==(const Cell& other) const {
     return microbatch == other.microbatch && partition == other.partition;
   }
 };
-std::ostream& operator<<(std::ostream& out, const Step& step);
+std::ostream& operator<<(std::ostream& out, const Cell& cell);
 
-/// GPipe's schedule for m micro-batches over n partitions: clock k runs the steps (k - j, j) for
+/// GPipe's schedule for m micro-batches over n partitions: clock k runs the cells (k - j, j) for
 /// every partition j with 0 <= k - j < m, in order of j. There are m + n - 1 clocks.
 ///
 ///   clock_cycles(3, 3) = [(0,0)], [(1,0),(0,1)], [(2,0),(1,1),(0,2)], [(2,1),(1,2)], [(2,2)]
-std::vector<std::vector<Step>> clock_cycles(size_t m, size_t n);
+std::vector<std::vector<Cell>> clock_cycles(size_t m, size_t n);
 
 namespace detail {
 
 /// One run of the pipeline over `batches`, which it replaces in place with the outputs.
-/// Tasks of partitions without a worker (CPU ones) run on the calling thread.
+/// Tasks of partitions without a device thread (CPU ones) run on the calling thread.
 class Pipeline {
  public:
   /// `copy_streams[j][i]` is the stream that micro-batch i arrives on at partition j;
-  /// `workers[j]` computes partition j, or the calling thread where it is null. Micro-batches
+  /// `threads[j]` computes partition j, or the calling thread where it is null. Micro-batches
   /// i < checkpoint_stop are checkpointed. Skips follow `skip_layout` (none if null or empty).
   /// Each partition's forwards and recomputations are trace spans (trace.h), recorded in
   /// `tracer`, if any, as `step`.
   Pipeline(std::vector<Batch>& batches, std::vector<torch::nn::Sequential>& partitions,
            std::vector<c10::Device> devices, std::vector<std::vector<c10::Stream>> copy_streams,
-           std::vector<Worker*> workers, size_t checkpoint_stop,
+           std::vector<DeviceThread*> threads, size_t checkpoint_stop,
            std::shared_ptr<const skip::SkipLayout> skip_layout = nullptr,
            std::shared_ptr<trace::Tracer> tracer = nullptr, int64_t step = 0);
 
@@ -92,15 +92,15 @@ class Pipeline {
   void run();
 
  private:
-  void fence(const std::vector<Step>& clock);
-  void compute(const std::vector<Step>& clock);
+  void fence(const std::vector<Cell>& clock);
+  void compute(const std::vector<Cell>& clock);
 
   std::vector<Batch>& batches_;
   std::vector<torch::nn::Sequential>& partitions_;
   std::vector<c10::Device> devices_;
   std::vector<std::vector<c10::Stream>> copy_streams_;
   std::vector<c10::Stream> compute_streams_;
-  std::vector<Worker*> workers_;
+  std::vector<DeviceThread*> device_threads_;
   size_t checkpoint_stop_;
   std::shared_ptr<const skip::SkipLayout> skip_layout_;
   // One per micro-batch when the model has skips, else empty.

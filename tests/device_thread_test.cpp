@@ -1,8 +1,9 @@
-// Ports torchgpipe's tests/test_worker.py, plus the C++ worker's exception and state handling.
+// Ports torchgpipe's tests/test_worker.py, plus the C++ device thread's exception and state
+// handling.
 #include "test_util.h"
 
+#include "detail/device_thread.h"
 #include "detail/stream.h"
-#include "detail/worker.h"
 
 #include <c10/core/InferenceMode.h>
 #include <torch/torch.h>
@@ -20,8 +21,8 @@ namespace gpipe {
 namespace {
 
 using detail::Completion;
+using detail::DeviceThread;
 using detail::Task;
-using detail::Worker;
 
 const c10::Device kCpu(c10::kCPU);
 
@@ -37,13 +38,13 @@ Task make_task(std::function<Batch()> compute) {
   return task;
 }
 
-std::vector<std::unique_ptr<Worker>> spawn_workers(size_t count) {
-  std::vector<std::unique_ptr<Worker>> workers;
-  for (size_t k = 0; k < count; ++k) workers.push_back(std::make_unique<Worker>(kCpu));
-  return workers;
+std::vector<std::unique_ptr<DeviceThread>> spawn_threads(size_t count) {
+  std::vector<std::unique_ptr<DeviceThread>> threads;
+  for (size_t k = 0; k < count; ++k) threads.push_back(std::make_unique<DeviceThread>(kCpu));
+  return threads;
 }
 
-TEST(WorkerTest, JoinRunningWorkers) {
+TEST(DeviceThreadTest, JoinRunningThreads) {
   std::atomic<int> count{0};
   auto counter = [&count] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -52,11 +53,11 @@ TEST(WorkerTest, JoinRunningWorkers) {
   };
 
   {
-    auto workers = spawn_workers(10);
-    for (auto& worker : workers) worker->submit(make_task(counter));
+    auto threads = spawn_threads(10);
+    for (auto& thread : threads) thread->submit(make_task(counter));
   }
 
-  // No nondeterminism: destroying a worker runs what was submitted, then joins.
+  // No nondeterminism: destroying a thread runs what was submitted, then joins.
   EXPECT_EQ(count.load(), 10);
 }
 
@@ -64,7 +65,7 @@ struct ExpectedException : std::runtime_error {
   ExpectedException() : std::runtime_error("expected") {}
 };
 
-TEST(WorkerTest, JoinRunningWorkersWithException) {
+TEST(DeviceThreadTest, JoinRunningThreadsWithException) {
   std::atomic<int> count{0};
   auto counter = [&count] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -74,8 +75,8 @@ TEST(WorkerTest, JoinRunningWorkersWithException) {
 
   EXPECT_THROW(
       {
-        auto workers = spawn_workers(10);
-        for (auto& worker : workers) worker->submit(make_task(counter));
+        auto threads = spawn_threads(10);
+        for (auto& thread : threads) thread->submit(make_task(counter));
         throw ExpectedException();
       },
       ExpectedException);
@@ -83,8 +84,8 @@ TEST(WorkerTest, JoinRunningWorkersWithException) {
   EXPECT_EQ(count.load(), 10);
 }
 
-TEST(WorkerTest, ComputeMultithreading) {
-  // Task::compute runs on the workers' threads, one per worker.
+TEST(DeviceThreadTest, ComputeMultithreading) {
+  // Task::compute runs on the device threads, one thread each.
   std::mutex mutex;
   std::set<std::thread::id> thread_ids;
   auto log_thread_id = [&] {
@@ -93,36 +94,36 @@ TEST(WorkerTest, ComputeMultithreading) {
     return Batch(std::vector<torch::Tensor>{});
   };
 
-  auto workers = spawn_workers(2);
-  for (auto& worker : workers) worker->submit(make_task(log_thread_id));
-  for (auto& worker : workers) worker->take();
+  auto threads = spawn_threads(2);
+  for (auto& thread : threads) thread->submit(make_task(log_thread_id));
+  for (auto& thread : threads) thread->take();
 
   EXPECT_EQ(thread_ids.size(), 2u);
   EXPECT_EQ(thread_ids.count(std::this_thread::get_id()), 0u);
 }
 
-TEST(WorkerTest, ComputeRunsConcurrently) {
-  // Two workers each sleep 300 ms; together they finish well before 600 ms.
-  auto workers = spawn_workers(2);
+TEST(DeviceThreadTest, ComputeRunsConcurrently) {
+  // Two threads each sleep 300 ms; together they finish well before 600 ms.
+  auto threads = spawn_threads(2);
   auto sleep = [] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     return Batch(std::vector<torch::Tensor>{});
   };
   const auto start = std::chrono::steady_clock::now();
-  for (auto& worker : workers) worker->submit(make_task(sleep));
-  for (auto& worker : workers) worker->take();
+  for (auto& thread : threads) thread->submit(make_task(sleep));
+  for (auto& thread : threads) thread->take();
   const auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_LT(elapsed, std::chrono::milliseconds(550));
 }
 
-TEST(WorkerTest, ComputeSuccess) {
-  Worker worker(kCpu);
+TEST(DeviceThreadTest, ComputeSuccess) {
+  DeviceThread thread(kCpu);
   int finalized = 0;
   Task task = make_task([] { return Batch(torch::tensor(42)); });
   task.finalize = [&finalized](Batch&) { ++finalized; };
-  worker.submit(std::move(task));
+  thread.submit(std::move(task));
 
-  Completion done = worker.take();
+  Completion done = thread.take();
 
   EXPECT_FALSE(done.error);
   ASSERT_TRUE(done.batch.has_value());
@@ -136,80 +137,80 @@ TEST(WorkerTest, ComputeSuccess) {
   EXPECT_TRUE(done.task.compute);
 }
 
-TEST(WorkerTest, ComputeException) {
-  Worker worker(kCpu);
-  worker.submit(make_task([]() -> Batch { throw std::domain_error("zero division"); }));
+TEST(DeviceThreadTest, ComputeException) {
+  DeviceThread thread(kCpu);
+  thread.submit(make_task([]() -> Batch { throw std::domain_error("zero division"); }));
 
-  Completion done = worker.take();
+  Completion done = thread.take();
 
   EXPECT_FALSE(done.batch.has_value());
   ASSERT_TRUE(done.error);
   EXPECT_THROW(std::rethrow_exception(done.error), std::domain_error);
 }
 
-TEST(WorkerTest, ComputeExceptionKeepsType) {
-  Worker worker(kCpu);
-  worker.submit(make_task([]() -> Batch {
+TEST(DeviceThreadTest, ComputeExceptionKeepsType) {
+  DeviceThread thread(kCpu);
+  thread.submit(make_task([]() -> Batch {
     TORCH_CHECK_VALUE(false, "bad value: ", 7);
     return Batch(torch::Tensor());
   }));
-  worker.submit(make_task([]() -> Batch {
+  thread.submit(make_task([]() -> Batch {
     TORCH_CHECK_INDEX(false, "bad index");
     return Batch(torch::Tensor());
   }));
-  worker.submit(make_task([] {
-    // A torch error raised by an operator on the worker.
+  thread.submit(make_task([] {
+    // A torch error raised by an operator on the thread.
     return Batch(torch::mm(torch::ones({2, 3}), torch::ones({2, 3})));
   }));
 
-  Completion value_error = worker.take();
+  Completion value_error = thread.take();
   ASSERT_TRUE(value_error.error);
   GPIPE_EXPECT_THROW_WITH(std::rethrow_exception(value_error.error), c10::ValueError,
                           "bad value: 7");
 
-  Completion index_error = worker.take();
+  Completion index_error = thread.take();
   ASSERT_TRUE(index_error.error);
   GPIPE_EXPECT_THROW_WITH(std::rethrow_exception(index_error.error), c10::IndexError, "bad index");
 
-  Completion op_error = worker.take();
+  Completion op_error = thread.take();
   ASSERT_TRUE(op_error.error);
   EXPECT_THROW(std::rethrow_exception(op_error.error), c10::Error);
 }
 
-TEST(WorkerTest, WorkerKeepsWorkingAfterException) {
-  Worker worker(kCpu);
-  worker.submit(make_task([]() -> Batch {
+TEST(DeviceThreadTest, KeepsWorkingAfterException) {
+  DeviceThread thread(kCpu);
+  thread.submit(make_task([]() -> Batch {
     TORCH_CHECK_VALUE(false, "first task fails");
     return Batch(torch::Tensor());
   }));
-  worker.submit(make_task([] { return Batch(torch::tensor(7)); }));
+  thread.submit(make_task([] { return Batch(torch::tensor(7)); }));
 
-  Completion failed = worker.take();
+  Completion failed = thread.take();
   EXPECT_TRUE(failed.error);
-  Completion succeeded = worker.take();
+  Completion succeeded = thread.take();
   EXPECT_FALSE(succeeded.error);
   ASSERT_TRUE(succeeded.batch.has_value());
   EXPECT_EQ(succeeded.batch->tensor().item<int64_t>(), 7);
 
   // Also after the failure was taken.
-  worker.submit(make_task([] { return Batch(torch::tensor(8)); }));
-  Completion later = worker.take();
+  thread.submit(make_task([] { return Batch(torch::tensor(8)); }));
+  Completion later = thread.take();
   ASSERT_TRUE(later.batch.has_value());
   EXPECT_EQ(later.batch->tensor().item<int64_t>(), 8);
 }
 
-TEST(WorkerTest, TasksRunInSubmissionOrder) {
-  Worker worker(kCpu);
-  std::vector<int> order;  // only the worker thread writes, before take() returns
+TEST(DeviceThreadTest, TasksRunInSubmissionOrder) {
+  DeviceThread thread(kCpu);
+  std::vector<int> order;  // only the thread thread writes, before take() returns
   for (int k = 0; k < 20; ++k) {
-    worker.submit(make_task([&order, k] {
+    thread.submit(make_task([&order, k] {
       if (k % 3 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
       order.push_back(k);
       return Batch(torch::tensor(k));
     }));
   }
   for (int k = 0; k < 20; ++k) {
-    Completion done = worker.take();
+    Completion done = thread.take();
     ASSERT_TRUE(done.batch.has_value());
     EXPECT_EQ(done.batch->tensor().item<int64_t>(), k);
   }
@@ -221,34 +222,34 @@ TEST(WorkerTest, TasksRunInSubmissionOrder) {
 // Runs one task that reports whether grad mode is on, as torchgpipe's test_grad_mode.
 void test_grad_mode(bool grad_mode) {
   torch::AutoGradMode mode(grad_mode);
-  Worker worker(kCpu);
-  worker.submit(make_task([] {
+  DeviceThread thread(kCpu);
+  thread.submit(make_task([] {
     torch::Tensor x =
         torch::rand({1}, torch::requires_grad(torch::autograd::GradMode::is_enabled()));
     return Batch(x * 2);
   }));
-  Completion done = worker.take();
+  Completion done = thread.take();
   ASSERT_FALSE(done.error);
   ASSERT_TRUE(done.batch.has_value());
   EXPECT_EQ((*done.batch)[0].requires_grad(), grad_mode);
 }
 
-TEST(WorkerTest, GradModeTrue) { test_grad_mode(true); }
-TEST(WorkerTest, GradModeFalse) { test_grad_mode(false); }
+TEST(DeviceThreadTest, GradModeTrue) { test_grad_mode(true); }
+TEST(DeviceThreadTest, GradModeFalse) { test_grad_mode(false); }
 
-TEST(WorkerTest, TasksRunUnderTheirSubmittersGradMode) {
-  // One worker, tasks captured under alternating modes: no mode leaks from one task to the next.
-  Worker worker(kCpu);
+TEST(DeviceThreadTest, TasksRunUnderTheirSubmittersGradMode) {
+  // One thread, tasks captured under alternating modes: no mode leaks from one task to the next.
+  DeviceThread thread(kCpu);
   auto detect = [] {
     return Batch(torch::tensor(torch::autograd::GradMode::is_enabled() ? 1 : 0));
   };
   std::vector<bool> modes{false, true, false, false, true};
   for (bool mode : modes) {
     torch::AutoGradMode guard(mode);
-    worker.submit(make_task(detect));
+    thread.submit(make_task(detect));
   }
   for (bool mode : modes) {
-    Completion done = worker.take();
+    Completion done = thread.take();
     ASSERT_TRUE(done.batch.has_value());
     EXPECT_EQ(done.batch->tensor().item<int64_t>(), mode ? 1 : 0);
   }
@@ -256,37 +257,37 @@ TEST(WorkerTest, TasksRunUnderTheirSubmittersGradMode) {
   EXPECT_TRUE(torch::autograd::GradMode::is_enabled());
 }
 
-TEST(WorkerTest, TasksRunUnderTheirSubmittersInferenceMode) {
-  Worker worker(kCpu);
+TEST(DeviceThreadTest, TasksRunUnderTheirSubmittersInferenceMode) {
+  DeviceThread thread(kCpu);
   {
     c10::InferenceMode inference;
-    worker.submit(
+    thread.submit(
         make_task([] { return Batch(torch::tensor(c10::InferenceMode::is_enabled() ? 1 : 0)); }));
   }
-  worker.submit(
+  thread.submit(
       make_task([] { return Batch(torch::tensor(c10::InferenceMode::is_enabled() ? 1 : 0)); }));
-  Completion inside = worker.take();
-  Completion outside = worker.take();
+  Completion inside = thread.take();
+  Completion outside = thread.take();
   ASSERT_TRUE(inside.batch.has_value());
   ASSERT_TRUE(outside.batch.has_value());
   EXPECT_EQ(inside.batch->tensor().item<int64_t>(), 1);
   EXPECT_EQ(outside.batch->tensor().item<int64_t>(), 0);
 }
 
-TEST(WorkerTest, WorkerDevice) {
-  // torchgpipe's test_worker_per_device checks that spawn_workers shares one worker per device;
-  // here a worker knows its (normalized) device.
-  Worker cpu(kCpu);
+TEST(DeviceThreadTest, Device) {
+  // torchgpipe's test_worker_per_device checks that spawn_threads shares one thread per device;
+  // here a thread knows its (normalized) device.
+  DeviceThread cpu(kCpu);
   EXPECT_EQ(cpu.device(), kCpu);
-  Worker cpu0(c10::Device(c10::kCPU, 0));
+  DeviceThread cpu0(c10::Device(c10::kCPU, 0));
   EXPECT_EQ(cpu0.device(), kCpu);
 }
 
-TEST(WorkerTest, TaskRunsOnItsStream_CUDA) {
+TEST(DeviceThreadTest, TaskRunsOnItsStream_CUDA) {
   GPIPE_REQUIRE_CUDA(1);
   const c10::Device cuda(c10::kCUDA, 0);
-  Worker worker(c10::Device(c10::kCUDA));
-  EXPECT_EQ(worker.device(), cuda);
+  DeviceThread thread(c10::Device(c10::kCUDA));
+  EXPECT_EQ(thread.device(), cuda);
 
   Task task = make_task([] {
     c10::Stream stream = detail::current_stream(c10::Device(c10::kCUDA));
@@ -294,8 +295,8 @@ TEST(WorkerTest, TaskRunsOnItsStream_CUDA) {
   });
   task.stream = detail::new_stream(cuda);
   const c10::Stream expected = task.stream;
-  worker.submit(std::move(task));
-  Completion done = worker.take();
+  thread.submit(std::move(task));
+  Completion done = thread.take();
   ASSERT_TRUE(done.batch.has_value());
   EXPECT_EQ(done.batch->tensor().item<int64_t>(), static_cast<int64_t>(expected.id()));
   // The submitting thread's current stream is unchanged.

@@ -1,4 +1,4 @@
-#include "detail/worker.h"
+#include "detail/device_thread.h"
 
 #include "detail/stream.h"
 
@@ -42,27 +42,27 @@ class Queue {
 
 }  // namespace
 
-struct Worker::Queues {
+struct DeviceThread::Queues {
   Queue<Task> in;  // a Task without compute stops the thread
   Queue<Completion> out;
 };
 
-Worker::Worker(c10::Device device)
+DeviceThread::DeviceThread(c10::Device device)
     : device_(normalize_device(device)), queues_(std::make_unique<Queues>()) {
   thread_ = std::make_unique<std::thread>([this] { run(); });
 }
 
-Worker::~Worker() {
+DeviceThread::~DeviceThread() {
   queues_->in.push(Task{});
   thread_->join();
 }
 
-void Worker::submit(Task task) {
+void DeviceThread::submit(Task task) {
   TORCH_INTERNAL_ASSERT(task.compute && task.caller);
   queues_->in.push(std::move(task));
 }
 
-Completion Worker::take() { return queues_->out.pop(); }
+Completion DeviceThread::take() { return queues_->out.pop(); }
 
 Completion execute(Task task) {
   Completion done{std::move(task), c10::nullopt, nullptr};
@@ -76,7 +76,7 @@ Completion execute(Task task) {
   return done;
 }
 
-void Worker::run() {
+void DeviceThread::run() {
   c10::OptionalDeviceGuard device_guard;
   if (!device_.is_cpu()) device_guard.reset_device(device_);
   while (true) {

@@ -1,15 +1,17 @@
-// Workers: one thread per device that computes pipeline tasks in the order they are submitted.
+// Device threads: one thread per device that computes GPipe's tasks in the order they are
+// submitted (torchgpipe's "workers"; in gpipe a worker is a row of a schedule, see the README's
+// glossary).
 //
-// Only accelerators get a worker: their kernels run asynchronously, so a thread per device keeps
-// every device fed. CPU kernels run synchronously on whichever thread calls them, so the
-// pipeline's driving thread computes CPU tasks itself with execute(): a CPU worker would only add
-// two thread hand-offs per task and no parallelism (torchgpipe's shared CPU worker ran them one
-// after another too).
+// Only accelerators get a device thread: their kernels run asynchronously, so a thread per device
+// keeps every device fed. CPU kernels run synchronously on whichever thread calls them, so the
+// pipeline's driving thread computes CPU tasks itself with execute(): a CPU device thread would
+// only add two thread hand-offs per task and no parallelism (torchgpipe's shared CPU worker ran
+// them one after another too).
 //
 // Thread safety: submit() and take() are called by one driving thread (the pipeline's); the
-// worker thread only runs Task::compute. A task runs under the thread-local state of the thread
+// device thread only runs Task::compute. A task runs under the thread-local state of the thread
 // that submitted it (grad mode, inference mode, autocast, ...), captured in Task::caller.
-// Exceptions never escape the worker thread: they come back from take() as Completion::error.
+// Exceptions never escape the device thread: they come back from take() as Completion::error.
 #pragma once
 
 #include "gpipe/microbatch.h"
@@ -27,8 +29,8 @@
 namespace gpipe {
 namespace detail {
 
-/// How to compute one micro-batch on one partition. `compute` runs on the worker with `stream`
-/// current; `finalize`, if set, runs on the driving thread once compute has succeeded.
+/// How to compute one micro-batch on one partition. `compute` runs on the device thread with
+/// `stream` current; `finalize`, if set, runs on the driving thread once compute has succeeded.
 struct Task {
   c10::Stream stream{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
   std::function<Batch()> compute;
@@ -43,18 +45,18 @@ struct Completion {
   std::exception_ptr error;
 };
 
-/// Runs `task` on the calling thread as a worker would: under task.caller's thread-local state
-/// with task.stream current, catching any exception into the completion.
+/// Runs `task` on the calling thread as a device thread would: under task.caller's thread-local
+/// state with task.stream current, catching any exception into the completion.
 Completion execute(Task task);
 
 /// One thread bound to one device.
-class Worker {
+class DeviceThread {
  public:
-  explicit Worker(c10::Device device);
+  explicit DeviceThread(c10::Device device);
   /// Runs what was submitted to the end, then joins the thread.
-  ~Worker();
-  Worker(const Worker&) = delete;
-  Worker& operator=(const Worker&) = delete;
+  ~DeviceThread();
+  DeviceThread(const DeviceThread&) = delete;
+  DeviceThread& operator=(const DeviceThread&) = delete;
 
   c10::Device device() const { return device_; }
 
