@@ -14,6 +14,7 @@
 
 #include <algorithm>
 
+#include <csignal>
 #include <cstdlib>
 #include <exception>
 #include <sstream>
@@ -92,9 +93,20 @@ void wait_for_ranks(c10d::Store& store, const Environment& env,
   }
 }
 
+// Gloo writes to its sockets with plain writev, so a peer that dies mid-send would kill this
+// process with SIGPIPE before it could name that peer. Python ignores SIGPIPE at startup, so
+// torch.distributed never meets it; a C++ program does. A handler the program set stays.
+void ignore_sigpipe() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    std::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
 }  // namespace
 
 ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeout) {
+  ignore_sigpipe();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   const std::string where = "rendezvous at " + env.master_addr + ":" +
                             std::to_string(env.master_port) + " timed out after " +

@@ -43,6 +43,8 @@ struct ProcessGroup {
 /// for all of them; the process group's operations time out after `timeout` as well. Throws
 /// c10::Error naming MASTER_ADDR:MASTER_PORT and the ranks that did not join if they do not all
 /// join in time (rank 0 then stays up to a second more, until the others have read that).
+/// Sets SIGPIPE to ignored unless the program handles it (as Python does at startup), so that a
+/// peer that dies mid-send is an error naming it, not the death of this process.
 ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeout);
 
 /// A Gloo process group among `ranks` of `world` (like torch.distributed.new_group), whose
