@@ -16,9 +16,11 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 namespace gpipe {
@@ -36,6 +38,7 @@ class TemporaryDirectory {
   }
   ~TemporaryDirectory() { fs::remove_all(path_); }
   std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::string path() const { return path_.string(); }
 
  private:
   fs::path path_;
@@ -299,6 +302,31 @@ TEST(TrainTest, SaveThenGenerate) {
   GPIPE_EXPECT_THROW_WITH(parse_generate_config({}), UsageError, "needs --model FILE");
 }
 
+TEST(TrainTest, FailedSaveKeepsThePreviousFile) {
+  TemporaryDirectory dir;
+  models::CharGPTOptions options;
+  options.num_layers(1).embedding_dim(8).num_heads(2).block_size(4);
+  torch::manual_seed(0);
+  torch::nn::Sequential first = models::char_gpt(options);
+  const std::string path = dir.file("model.pt");
+  save_model(path, first, options);
+  EXPECT_FALSE(fs::exists(path + ".partial"));  // a save that succeeds leaves nothing beside
+  const auto read_bytes = [&] {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string saved = read_bytes();
+  ASSERT_FALSE(saved.empty());
+
+  // The temporary file cannot be written: a folder, not empty, stands in its place.
+  fs::create_directories(path + ".partial/blocker");
+  torch::nn::Sequential second = models::char_gpt(options);
+  GPIPE_EXPECT_THROW_WITH(save_model(path, second, options), std::runtime_error,
+                          "cannot save the model to '" + path + "'");
+  EXPECT_EQ(read_bytes(), saved);
+  EXPECT_EQ(load_model(path).options.num_layers(), 1);
+}
+
 // Runs the gpipe binary; returns its exit code and what it wrote to stderr.
 std::pair<int, std::string> run_command(const std::string& arguments) {
   TemporaryDirectory dir;
@@ -347,10 +375,50 @@ TEST(CommandTest, LaunchStartsRanksWithTheirEnvironment) {
 }
 
 TEST(CommandTest, HelpExitsWithZero) {
-  EXPECT_EQ(run_command("train --help").first, 0);
-  EXPECT_EQ(run_command("generate --help").first, 0);
-  EXPECT_EQ(run_command("--help").first, 0);
+  // --help or -h in any position wins over every other flag, even a bad one.
+  for (const std::string arguments :
+       {"--help", "-h", "train --help", "train --steps 5 --help", "train -h --bogus 1",
+        "train --stages 99 --help", "generate --help", "generate --model missing.pt -h",
+        "launch --help", "launch -n 2 --help -- true", "launch -n -h"}) {
+    const auto [code, err] = run_command(arguments);
+    EXPECT_EQ(code, 0) << arguments;
+    EXPECT_EQ(err, "") << arguments;
+  }
+  // After --, a --help belongs to the program the launcher starts.
+  EXPECT_EQ(run_command("launch -n 1 --grace 1 -- sh -c 'exit 3' --help").first, 1);
   EXPECT_EQ(run_command("").first, 2);  // no command: usage on stderr
+}
+
+TEST(CommandTest, BadOutputPathsStopBeforeTraining) {
+  TemporaryDirectory dir;
+  // So many steps that training first would time the test out.
+  const std::string train = "train --steps 1000000 --quiet ";
+  for (const char* flag : {"--save", "--trace", "--timeline"}) {
+    const auto [code, err] = run_command(train + flag + " /nonexistent-gpipe-folder/out");
+    EXPECT_EQ(code, 2) << flag;
+    EXPECT_EQ(err, std::string("gpipe train: ") + flag +
+                       " '/nonexistent-gpipe-folder/out': folder '/nonexistent-gpipe-folder' "
+                       "does not exist\n");
+    const auto [folder_code, folder_err] = run_command(train + flag + " " + dir.path());
+    EXPECT_EQ(folder_code, 2) << flag;
+    EXPECT_EQ(folder_err, std::string("gpipe train: ") + flag + " '" + dir.path() +
+                              "' is a folder; it needs a file name\n");
+  }
+}
+
+TEST(CommandTest, MissingDevicesAreOneLine) {
+  const std::string train = "train --steps 1000000 --quiet --stages 2 --devices ";
+  const auto [code, err] = run_command(train + "cpu,cuda:64");
+  EXPECT_EQ(code, 2);
+  EXPECT_THAT(err, ::testing::StartsWith("gpipe train: --devices: 'cuda:64' does not exist (this "
+                                         "machine has "));
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  EXPECT_EQ(run_command(train + "cpu,mps"),
+            std::make_pair(2, std::string("gpipe train: --devices: 'mps' is not a cpu or cuda "
+                                          "device\n")));
+  EXPECT_EQ(run_command(train + "cpu,bogus"),
+            std::make_pair(2, std::string("gpipe train: --devices: 'bogus' is not a device (e.g. "
+                                          "cpu, cuda:0)\n")));
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 #include "arguments.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 
 namespace gpipe {
 namespace cli {
@@ -93,6 +96,22 @@ std::string Arguments::choice(const std::string& name, const std::string& fallba
 void Arguments::finish() const {
   for (const auto& name : order_) {
     if (!consumed_.count(name)) throw UsageError("unknown flag --" + name + " (see --help)");
+  }
+}
+
+void check_output_path(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (fs::is_directory(path, error)) {
+    throw UsageError(flag + " '" + path + "' is a folder; it needs a file name");
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  const std::string folder = parent.empty() ? "." : parent.string();
+  if (!fs::is_directory(folder, error)) {
+    throw UsageError(flag + " '" + path + "': folder '" + folder + "' does not exist");
+  }
+  if (access(folder.c_str(), W_OK) != 0) {
+    throw UsageError(flag + " '" + path + "': folder '" + folder + "' is not writable");
   }
 }
 

@@ -61,5 +61,9 @@ class Arguments {
   std::set<std::string> consumed_;
 };
 
+/// Checks, before any work, that a file can be written at `path` (given with `flag`): its folder
+/// exists and is writable, and `path` is not a folder. Throws UsageError naming both otherwise.
+void check_output_path(const std::string& flag, const std::string& path);
+
 }  // namespace cli
 }  // namespace gpipe

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -30,9 +31,15 @@ commands:
 `gpipe <command> --help` lists a command's flags.
 )";
 
+// --help or -h anywhere among a command's flags asks for its usage, whatever else is there.
+bool asks_for_help(const std::vector<std::string>& args) {
+  return std::any_of(args.begin(), args.end(),
+                     [](const std::string& arg) { return arg == "--help" || arg == "-h"; });
+}
+
 int run(const std::string& command, const std::vector<std::string>& args) {
   using namespace gpipe::cli;
-  const bool help = !args.empty() && (args[0] == "--help" || args[0] == "-h");
+  const bool help = asks_for_help(args);
   if (command == "train") {
     if (help) return std::cout << train_usage(), 0;
     const TrainConfig config = parse_train_config(args);

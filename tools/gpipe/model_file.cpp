@@ -29,7 +29,20 @@ void save_model(const std::string& path, torch::nn::Sequential& model,
   write("num_heads", static_cast<double>(options.num_heads()));
   write("num_layers", static_cast<double>(options.num_layers()));
   write("dropout", options.dropout());
-  archive.save_to(path);
+  // Written beside the target and renamed over it, so that a failed save (a full disk, a crash)
+  // leaves the previous model whole.
+  const std::string partial = path + ".partial";
+  try {
+    archive.save_to(partial);
+    std::filesystem::rename(partial, path);
+  } catch (const std::exception& error) {
+    std::error_code ignored;
+    std::filesystem::remove(partial, ignored);
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
+    throw std::runtime_error("cannot save the model to '" + path + "' (" +
+                             (c10_error ? c10_error->what_without_backtrace() : error.what()) +
+                             "); any previous file there is unchanged");
+  }
 }
 
 SavedModel load_model(const std::string& path) {

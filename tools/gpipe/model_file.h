@@ -16,7 +16,8 @@ struct SavedModel {
   torch::nn::Sequential model;
 };
 
-/// Writes `model` built with `options` to `path`. Throws c10::Error if it cannot be written.
+/// Writes `model` built with `options` to `path`, atomically: to `path`.partial, then renamed.
+/// Throws std::runtime_error if it cannot be written; a file already at `path` is then unchanged.
 void save_model(const std::string& path, torch::nn::Sequential& model,
                 const models::CharGPTOptions& options);
 

@@ -34,6 +34,22 @@ std::vector<c10::Device> parse_devices(const std::string& list) {
     }
   }
   if (devices.empty()) throw UsageError("--devices needs at least one device");
+  for (const auto& device : devices) {
+    const std::string text = device.str();
+    if (!device.is_cpu() && !device.is_cuda()) {
+      throw UsageError("--devices: '" + text + "' is not a cpu or cuda device");
+    }
+    if (!device.is_cuda()) continue;
+    const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+    if (count == 0) {
+      throw UsageError("--devices: '" + text +
+                       "' does not exist (this machine has no CUDA device)");
+    }
+    if (device.index() >= count) {
+      throw UsageError("--devices: '" + text + "' does not exist (this machine has " +
+                       std::to_string(count) + " CUDA device" + (count == 1 ? "" : "s") + ")");
+    }
+  }
   return devices;
 }
 
@@ -135,6 +151,11 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
   c.timeline_steps = a.integer("timeline-steps", c.timeline_steps, 1);
   c.quiet = a.flag("quiet");
   a.finish();
+
+  // Every output is checked now, so that a bad path never costs a whole run.
+  if (!c.save.empty()) check_output_path("--save", c.save);
+  if (!c.trace.empty()) check_output_path("--trace", c.trace);
+  if (!c.timeline.empty()) check_output_path("--timeline", c.timeline);
 
   // A loaded model's layer count is known only once it is read: train() checks it again.
   const int64_t layers = c.model.num_layers() + 2;

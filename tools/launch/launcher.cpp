@@ -33,11 +33,16 @@ std::string g_name = "gpipe_launch";  // how messages name the launcher
 
 void on_signal(int signal) { g_signal = signal; }
 
-[[noreturn]] void usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: %s -n N [--master-addr A] [--master-port P] [--grace S] -- "
+void print_usage(FILE* out) {
+  std::fprintf(out,
+               "usage: %s -n N [--master-addr A] [--master-port P] [--grace S] -- "
                "program [args...]\n",
-               g_name.c_str(), problem.c_str(), g_name.c_str());
+               g_name.c_str());
+}
+
+[[noreturn]] void usage(const std::string& problem) {
+  std::fprintf(stderr, "%s: %s\n", g_name.c_str(), problem.c_str());
+  print_usage(stderr);
   std::exit(2);
 }
 
@@ -96,6 +101,13 @@ int launch(const std::vector<std::string>& args, const std::string& name) {
   long port = 0;
   long grace = 30;
   std::string addr = "127.0.0.1";
+  // --help or -h among the launcher's own flags (not the program's, after --) wins.
+  for (int k = 1; k < argc && std::string(argv[k]) != "--"; ++k) {
+    if (std::string(argv[k]) == "--help" || std::string(argv[k]) == "-h") {
+      print_usage(stdout);
+      return 0;
+    }
+  }
   int k = 1;
   for (; k < argc; ++k) {
     const std::string arg = argv[k];

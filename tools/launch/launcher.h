@@ -10,7 +10,8 @@ namespace launcher {
 
 /// Runs `-n N [--master-addr A] [--master-port P] [--grace S] -- program [args...]`; messages
 /// start with `name`. Returns 0 when every rank exits 0, 1 when one fails, 2 for a bad command
-/// line (after printing the usage), 128 + signal when interrupted.
+/// line (after printing the usage), 128 + signal when interrupted. --help or -h before `--`
+/// prints the usage on stdout and returns 0.
 int launch(const std::vector<std::string>& args, const std::string& name);
 
 }  // namespace launcher
