@@ -223,7 +223,7 @@ void write_svg_timeline(const std::vector<Event>& events, std::ostream& out) {
     return static_cast<double>(std::lower_bound(workers.begin(), workers.end(), worker) -
                                workers.begin());
   };
-  const double height = kTop + kRow * static_cast<double>(workers.size()) + 60;
+  const double height = kTop + kRow * static_cast<double>(workers.size()) + 72;
 
   out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
       << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kLeft + kWidth + 20
@@ -237,9 +237,16 @@ void write_svg_timeline(const std::vector<Event>& events, std::ostream& out) {
         << "<line x1=\"" << kLeft << "\" y1=\"" << y + kRow << "\" x2=\"" << kLeft + kWidth
         << "\" y2=\"" << y + kRow << "\" stroke=\"#ddd\"/>\n";
   }
-  // Compute fills the row; a recompute overlays the lower third of its backward; transfers are
-  // a thin strip on top.
-  for (const auto& e : events) {
+  // A worker that runs several stages (interleaved schedules) labels its boxes stage:micro-batch.
+  std::map<int64_t, std::set<int64_t>> stages_of;
+  for (const auto& e : events) stages_of[e.worker].insert(e.stage);
+  const bool several_stages =
+      std::any_of(stages_of.begin(), stages_of.end(),
+                  [](const auto& entry) { return entry.second.size() > 1; });
+  // Compute fills the row. Recomputations (which run inside their backward) and transfers are
+  // drawn in a second pass, over the compute boxes: a recompute in the lower third of its
+  // backward, a transfer as a thin strip on top.
+  const auto draw = [&](const Event& e) {
     const double row_top = kTop + kRow * row_of(e.worker);
     const bool compute = is_compute(e);
     const double y = compute                 ? row_top + 2
@@ -253,10 +260,19 @@ void write_svg_timeline(const std::vector<Event>& events, std::ostream& out) {
         << " stroke-width=\"0.5\"><title>" << xml_escaped(e.name) << " stage " << e.stage
         << " micro-batch " << e.microbatch << " step " << e.step << ": "
         << fixed((e.end_us - e.begin_us) / 1000, 3) << " ms</title></rect>\n";
-    if (compute && width >= 14) {
+    const std::string label = several_stages
+                                  ? std::to_string(e.stage) + ":" + std::to_string(e.microbatch)
+                                  : std::to_string(e.microbatch);
+    if (compute && width >= 7.0 * static_cast<double>(label.size())) {
       out << "<text x=\"" << fixed(left + width / 2, 2) << "\" y=\"" << row_top + kRow / 2 + 4
-          << "\" text-anchor=\"middle\" fill=\"white\">" << e.microbatch << "</text>\n";
+          << "\" text-anchor=\"middle\" fill=\"white\">" << label << "</text>\n";
     }
+  };
+  for (const auto& e : events) {
+    if (is_compute(e)) draw(e);
+  }
+  for (const auto& e : events) {
+    if (!is_compute(e)) draw(e);
   }
   // Time axis and legend.
   const double axis = kTop + kRow * static_cast<double>(workers.size()) + 14;
@@ -273,6 +289,8 @@ void write_svg_timeline(const std::vector<Event>& events, std::ostream& out) {
         << axis + 24 << "\">" << name << "</text>\n";
     legend_x += 130;
   }
+  out << "<text x=\"" << kLeft << "\" y=\"" << axis + 46
+      << "\">box labels: " << (several_stages ? "stage:micro-batch" : "micro-batch") << "</text>\n";
   out << "</svg>\n";
 }
 

@@ -13,6 +13,7 @@
 
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -96,6 +97,53 @@ TEST(TraceTest, WritersProduceJsonAndSvg) {
   std::stringstream empty;
   write_svg_timeline({}, empty);
   EXPECT_EQ(document.Parse(empty.str().c_str()), tinyxml2::XML_SUCCESS);
+}
+
+// The SVG's boxes (titles) and box labels, in document order.
+std::pair<std::vector<std::string>, std::vector<std::string>> svg_boxes_and_labels(
+    const std::vector<Event>& events) {
+  std::stringstream svg;
+  write_svg_timeline(events, svg);
+  tinyxml2::XMLDocument document;
+  EXPECT_EQ(document.Parse(svg.str().c_str()), tinyxml2::XML_SUCCESS) << document.ErrorStr();
+  std::vector<std::string> boxes, labels;
+  for (auto* e = document.RootElement()->FirstChildElement(); e; e = e->NextSiblingElement()) {
+    if (std::string(e->Name()) == "rect" && e->FirstChildElement("title")) {
+      boxes.push_back(e->FirstChildElement("title")->GetText());
+    } else if (std::string(e->Name()) == "text" && e->GetText()) {
+      labels.push_back(e->GetText());
+    }
+  }
+  return {boxes, labels};
+}
+
+TEST(TraceTest, SvgDrawsRecomputeOverBackwardAndNamesStages) {
+  // As the engines record them: a recompute ends (and is recorded) before its backward does.
+  // Worker 0 runs stages 0 and 2, as interleaved schedules do.
+  const std::vector<Event> interleaved = {
+      {"forward", 0, 0, 3, 0, 0, 100},     {"forward", 0, 2, 3, 0, 100, 200},
+      {"recompute", 0, 2, 3, 0, 200, 260}, {"backward", 0, 2, 3, 0, 200, 400},
+      {"send", 0, 2, 3, 0, 400, 410},      {"forward", 1, 1, 3, 0, 100, 200}};
+  const auto [boxes, labels] = svg_boxes_and_labels(interleaved);
+  ASSERT_EQ(boxes.size(), interleaved.size());
+  const auto position = [&](const std::string& prefix) {
+    return std::find_if(boxes.begin(), boxes.end(),
+                        [&](const std::string& b) { return b.rfind(prefix, 0) == 0; }) -
+           boxes.begin();
+  };
+  EXPECT_GT(position("recompute stage 2"), position("backward stage 2"));  // drawn over it
+  EXPECT_GT(position("send stage 2"), position("backward stage 2"));
+  for (const char* label : {"0:3", "2:3", "1:3", "box labels: stage:micro-batch"}) {
+    EXPECT_NE(std::find(labels.begin(), labels.end(), label), labels.end()) << label;
+  }
+
+  // One stage per worker: the micro-batch alone.
+  const std::vector<Event> one_stage_each = {{"forward", 0, 0, 3, 0, 0, 100},
+                                             {"forward", 1, 1, 3, 0, 100, 200}};
+  const auto plain_labels = svg_boxes_and_labels(one_stage_each).second;
+  EXPECT_EQ(std::count(plain_labels.begin(), plain_labels.end(), "3"), 2);
+  EXPECT_NE(std::find(plain_labels.begin(), plain_labels.end(), "box labels: micro-batch"),
+            plain_labels.end());
 }
 
 TEST(TraceTest, ScheduleRuntimeTracesEveryAction) {

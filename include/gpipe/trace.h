@@ -127,7 +127,8 @@ double bubble_fraction(const std::vector<Event>& events);
 void write_chrome_trace(const std::vector<Event>& events, std::ostream& out);
 
 /// Writes `events` as an SVG timeline: a row per worker, a box per task, colored by kind and
-/// labeled with its micro-batch where it fits.
+/// labeled with its micro-batch where it fits (stage:micro-batch where a worker runs several
+/// stages); recomputations are drawn over the backwards they run in, transfers over both.
 void write_svg_timeline(const std::vector<Event>& events, std::ostream& out);
 
 }  // namespace trace
