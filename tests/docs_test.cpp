@@ -1,0 +1,126 @@
+// The C++ snippets of README.md and docs/*.md, word for word: compiled here, and run where one
+// process can run them. tests/docs_code_blocks.cmake fails for a snippet that is not here (or in
+// examples/ or a public header), so the docs cannot drift from code that builds.
+#include "test_util.h"
+
+#include <gpipe/gpipe.h>
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace gpipe {
+namespace {
+
+// clang-format off
+// README.md, "Skip connections".
+struct StashImpl : torch::nn::Module, gpipe::skip::Skippable {
+  StashImpl() : Skippable(/*stash=*/{"1to3"}, /*pop=*/{}) {}
+  torch::Tensor forward(torch::Tensor x) {
+    stash("1to3", x);
+    return x;
+  }
+};
+TORCH_MODULE(Stash);
+
+struct AddImpl : torch::nn::Module, gpipe::skip::Skippable {
+  AddImpl() : Skippable(/*stash=*/{}, /*pop=*/{"1to3"}) {}
+  torch::Tensor forward(torch::Tensor x) { return x + pop("1to3"); }
+};
+TORCH_MODULE(Add);
+
+// docs/checkpointing.md, "What checkpointing requires of a layer".
+struct CountingImpl : torch::nn::Module {
+  torch::Tensor forward(torch::Tensor x) {
+    if (!gpipe::is_recomputing()) ++calls;  // once per micro-batch, not again in backward
+    return x;
+  }
+  int64_t calls = 0;
+};
+TORCH_MODULE(Counting);
+// clang-format on
+
+TEST(DocsTest, SkipConnectionSnippet) {
+  torch::manual_seed(0);
+  // clang-format off
+  torch::nn::Sequential model(Stash(), torch::nn::Linear(8, 8), Add());
+  gpipe::GPipe pipe(model, gpipe::GPipeOptions({1, 2}).chunks(4));
+  // clang-format on
+  const torch::Tensor x = torch::randn({8, 8});
+  auto* linear = model[1]->as<torch::nn::Linear>();
+  EXPECT_TRUE(torch::allclose(pipe->forward(x), (*linear)(x) + x));
+}
+
+TEST(DocsTest, ExplicitScheduleSnippet) {
+  torch::manual_seed(0);
+  torch::nn::Sequential sequential;
+  for (int k = 0; k < 8; ++k) sequential->push_back(torch::nn::Linear(4, 4));
+  const torch::Tensor input = torch::randn({16, 4});
+  const torch::Tensor target = torch::randn({16, 4});
+  const torch::Tensor expected = torch::mse_loss(sequential->forward(input), target);
+  // clang-format off
+  namespace gs = gpipe::schedule;
+  gs::LossFunction mse = [](const gpipe::Batch& output, const gpipe::Batch& target) {
+    return torch::mse_loss(output.tensor(), target.tensor());
+  };
+  gs::PipelineSchedule pipe(sequential, /*balance=*/{4, 4}, mse,
+                            gs::PipelineScheduleOptions(/*chunks=*/8)
+                                .schedule(gs::ScheduleKind::kOneFOneB));
+  torch::Tensor loss = pipe.step(input, target);  // gradients as from one full-batch backward
+  // clang-format on
+  EXPECT_NEAR(loss.item<double>(), expected.item<double>(), 1e-5);
+}
+
+// Compiled, not run: it needs the ranks of a job (examples/distributed_train.cpp runs the same
+// under the launcher and torchrun).
+[[maybe_unused]] void distributed_snippet(torch::nn::Sequential model, schedule::LossFunction mse,
+                                          torch::Tensor input, torch::Tensor target) {
+  // clang-format off
+  namespace gd = gpipe::distributed;
+  torch::manual_seed(0);  // the same model on every rank
+  gd::PipelineStage pipe(model, /*balance=*/{2, 3}, mse,
+                         gd::PipelineStageOptions(/*chunks=*/4).schedule(
+                             gpipe::schedule::ScheduleKind::kOneFOneB));
+  std::vector<torch::Tensor> parameters;  // this rank's stages only
+  for (int64_t s : pipe.stage_indices()) {
+    for (auto& p : pipe.stage_module(s)->parameters()) parameters.push_back(p);
+  }
+  torch::optim::SGD optimizer(parameters, /*lr=*/0.05);
+  optimizer.zero_grad();
+  torch::Tensor loss = pipe.step(input, target);  // the same batch on every rank; loss on every rank
+  optimizer.step();
+  // clang-format on
+}
+
+// Compiled, not run: profiling on a 128 x 3 x 224 x 224 sample takes a while (BalanceTest times
+// balance_by_time on small models).
+[[maybe_unused]] void balancing_snippet(torch::nn::Sequential sequential) {
+  // clang-format off
+  auto sample = torch::randn({128, 3, 224, 224});
+  auto balance = gpipe::balance::balance_by_time(4, sequential, sample);
+  gpipe::GPipe model(sequential, gpipe::GPipeOptions(balance).chunks(8));
+  // clang-format on
+}
+
+// Counts every call, recomputations too.
+struct EveryCallImpl : torch::nn::Module {
+  torch::Tensor forward(torch::Tensor x) {
+    ++calls;
+    return x;
+  }
+  int64_t calls = 0;
+};
+TORCH_MODULE(EveryCall);
+
+TEST(DocsTest, CheckpointingSnippetCountsEachMicroBatchOnce) {
+  Counting counting;
+  EveryCall every_call;
+  torch::nn::Sequential sequential(counting, every_call, torch::nn::Linear(4, 4));
+  GPipe pipe(sequential, GPipeOptions({2, 1}).chunks(4).checkpoint(CheckpointMode::kAlways));
+  pipe->forward(torch::randn({8, 4}, torch::requires_grad())).sum().backward();
+  EXPECT_EQ(every_call->calls, 8);  // 4 micro-batches, each recomputed
+  EXPECT_EQ(counting->calls, 4);
+}
+
+}  // namespace
+}  // namespace gpipe
