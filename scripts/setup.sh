@@ -17,7 +17,7 @@ packages=(
   cmake ninja-build g++ pkg-config python3-venv
   libgloo-dev           # the Gloo headers c10d's ProcessGroupGloo needs
   libopenblas0-pthread  # a fast BLAS in place of the reference one
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev
   nlohmann-json3-dev libtinyxml2-dev  # traces and benchmark reports (JSON), timelines (SVG)
 )
 if [[ "$libtorch" == debian ]]; then
