@@ -15,7 +15,7 @@
 #   --build-dir DIR  build there (default: build-gpu/); an existing build of the same torch is
 #                    reused, as CI reuses the torch wheel's build/
 #   --jobs N         parallel compile jobs (default: every core)
-#   --deps DIR       Gloo's headers, GoogleTest, nlohmann-json and tinyxml2 unpacked from
+#   --deps DIR       Gloo's headers, GoogleTest, CLI11, nlohmann-json and tinyxml2 unpacked from
 #                    Debian's packages by scripts/gpu-deps.sh, for a machine without them that
 #                    reaches no registry (the GPU machine: carry gpu-deps/ there)
 #   --allow-no-gpu   without a GPU, run all the same (the *_CUDA tests skip) and exit 0; without

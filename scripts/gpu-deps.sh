@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares what the GPU check needs besides torch, for a GPU machine that reaches no package
-# registry: Debian's Gloo headers, GoogleTest, nlohmann-json and tinyxml2, unpacked into a folder
+# registry: Debian's Gloo headers, GoogleTest, CLI11, nlohmann-json and tinyxml2, unpacked into a folder
 # (default gpu-deps/, git-ignored) that travels with the working tree and is passed to
 # `scripts/gpu-check.sh --deps DIR`. A few MiB; quick when present.
 #
@@ -8,8 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-gpu-deps}
-packages=(libgloo-dev libgtest-dev libgmock-dev nlohmann-json3-dev libtinyxml2-dev libtinyxml2-9)
-if [[ -f "$dir/.complete" ]]; then exit 0; fi
+packages=(libgloo-dev libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libtinyxml2-dev
+  libtinyxml2-9)
+# .complete lists the packages unpacked: a folder made for another list is made again.
+if [[ -f "$dir/.complete" && "$(cat "$dir/.complete")" == "${packages[*]}" ]]; then exit 0; fi
 rm -rf "$dir"
 mkdir -p "$dir/debs"
 (cd "$dir/debs" && apt-get download -q "${packages[@]}" >download.log 2>&1) || {
@@ -18,5 +20,5 @@ mkdir -p "$dir/debs"
 }
 for deb in "$dir"/debs/*.deb; do dpkg-deb -x "$deb" "$dir"; done
 rm -rf "$dir/debs"
-touch "$dir/.complete"
+echo "${packages[*]}" >"$dir/.complete"
 echo "gpu-deps: ${packages[*]} in $dir/ ($(du -sh "$dir" | cut -f1))"

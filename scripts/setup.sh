@@ -18,6 +18,7 @@ packages=(
   libgloo-dev           # the Gloo headers c10d's ProcessGroupGloo needs
   libopenblas0-pthread  # a fast BLAS in place of the reference one
   libgtest-dev libgmock-dev
+  libcli11-dev          # the command lines of gpipe and gpipe_launch
   nlohmann-json3-dev libtinyxml2-dev  # traces and benchmark reports (JSON), timelines (SVG)
 )
 if [[ "$libtorch" == debian ]]; then

@@ -66,37 +66,60 @@ std::vector<std::string> operator+(std::vector<std::string> a, const std::vector
   return a;
 }
 
+// A command line with one flag of each kind, as the subcommands make them.
+struct Flags {
+  int64_t steps = 1;
+  double lr = 1;
+  bool quiet = false;
+  std::string mode = "a";
+  std::unique_ptr<CLI::App> app = command_line("gpipe test", "A command line for the tests.");
+  Flags() {
+    app->add_option("--steps", steps, "steps")->check(at_least(1));
+    app->add_option("--lr", lr, "learning rate")->check(greater_than(0));
+    app->add_flag("--quiet", quiet, "quiet");
+    app->add_option("--mode", mode, "mode")->check(one_of({"a", "b"}));
+  }
+};
+
 TEST(ArgumentsTest, ValuesInBothForms) {
-  Arguments args({"--steps", "20", "--lr=0.5", "--quiet", "--name", "x"});
-  EXPECT_EQ(args.integer("steps", 1, 1), 20);
-  EXPECT_EQ(args.real("lr", 1.0, 0), 0.5);
-  EXPECT_TRUE(args.flag("quiet"));
-  EXPECT_EQ(args.text("name", "y"), "x");
-  EXPECT_EQ(args.integer("absent", 7, 1), 7);
-  EXPECT_FALSE(args.flag("also-absent"));
-  EXPECT_NO_THROW(args.finish());
+  Flags f;
+  parse(*f.app, {"--steps", "20", "--lr=0.5", "--quiet", "--mode", "b"});
+  EXPECT_EQ(f.steps, 20);
+  EXPECT_EQ(f.lr, 0.5);
+  EXPECT_TRUE(f.quiet);
+  EXPECT_EQ(f.mode, "b");
+  Flags defaults;
+  parse(*defaults.app, {});
+  EXPECT_EQ(defaults.steps, 1);
+  EXPECT_FALSE(defaults.quiet);
 }
 
 TEST(ArgumentsTest, Errors) {
-  GPIPE_EXPECT_THROW_WITH(Arguments({"train"}), UsageError, "unexpected argument 'train'");
-  GPIPE_EXPECT_THROW_WITH(Arguments({"--a", "1", "--a", "2"}), UsageError, "--a is given twice");
-  GPIPE_EXPECT_THROW_WITH(Arguments({"--steps", "x"}).integer("steps", 1, 1), UsageError,
-                          "--steps must be an integer, but got 'x'");
-  GPIPE_EXPECT_THROW_WITH(Arguments({"--steps", "12abc"}).integer("steps", 1, 1), UsageError,
-                          "--steps must be an integer, but got '12abc'");
-  GPIPE_EXPECT_THROW_WITH(Arguments({"--steps", "0"}).integer("steps", 1, 1), UsageError,
-                          "--steps must be at least 1, but got 0");
-  GPIPE_EXPECT_THROW_WITH(Arguments({"--lr", "-1"}).real("lr", 1, 0), UsageError,
-                          "--lr must be greater than 0");
-  GPIPE_EXPECT_THROW_WITH(Arguments({"--steps"}).integer("steps", 1, 1), UsageError,
-                          "--steps needs a value");
-  GPIPE_EXPECT_THROW_WITH(Arguments({"--quiet=yes"}).flag("quiet"), UsageError,
-                          "--quiet takes no value, but got 'yes'");
-  GPIPE_EXPECT_THROW_WITH(Arguments({"--mode", "x"}).choice("mode", "a", {"a", "b"}), UsageError,
-                          "--mode must be one of a, b, but got 'x'");
-  Arguments unknown({"--steps", "3", "--stpes", "4"});
-  unknown.integer("steps", 1, 1);
-  GPIPE_EXPECT_THROW_WITH(unknown.finish(), UsageError, "unknown flag --stpes");
+  const auto error = [](const std::vector<std::string>& args) -> std::string {
+    Flags f;
+    try {
+      parse(*f.app, args);
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_EQ(error({"train"}), "unexpected argument 'train' (flags look like --name value)");
+  EXPECT_EQ(error({"--steps", "1", "--steps", "2"}), "--steps is given twice");
+  EXPECT_EQ(error({"--steps", "x"}), "--steps: must be an integer, but got 'x'");
+  EXPECT_EQ(error({"--steps", "12abc"}), "--steps: must be an integer, but got '12abc'");
+  EXPECT_EQ(error({"--steps", "0"}), "--steps: must be at least 1, but got 0");
+  EXPECT_EQ(error({"--steps", "-3"}), "--steps: must be at least 1, but got -3");
+  EXPECT_EQ(error({"--steps=-3"}), "--steps: must be at least 1, but got -3");
+  EXPECT_EQ(error({"--lr", "-1"}), "--lr: must be greater than 0, but got -1");
+  EXPECT_EQ(error({"--steps"}), "--steps needs a value");
+  EXPECT_EQ(error({"--mode", "x"}), "--mode: must be one of a, b, but got 'x'");
+  EXPECT_EQ(error({"--steps", "3", "--stpes", "4"}), "unknown flag --stpes (see --help)");
+  // The help lists every flag with its default.
+  Flags f;
+  EXPECT_THAT(f.app->help(), ::testing::HasSubstr("--steps"));
+  EXPECT_THAT(train_usage(), ::testing::HasSubstr("--virtual-stages"));
+  EXPECT_THAT(generate_usage(), ::testing::HasSubstr("--temperature"));
 }
 
 TEST(TrainConfigTest, DefaultsAreTheDefaultJob) {
@@ -114,7 +137,7 @@ TEST(TrainConfigTest, Errors) {
                           "embedding + head)");
   GPIPE_EXPECT_THROW_WITH(
       parse_train_config({"--schedule", "2f2b"}), UsageError,
-      "--schedule must be one of gpipe, 1f1b, interleaved_1f1b, zb1p, but got '2f2b'");
+      "--schedule: must be one of gpipe, 1f1b, interleaved_1f1b, zb1p, but got '2f2b'");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--schedule", "zb1p", "--checkpoint", "always"}),
                           UsageError,
                           "--schedule zb1p splits each backward into input and weight gradients, "
@@ -133,7 +156,7 @@ TEST(TrainConfigTest, Errors) {
                           "(more than 1 only with interleaved_1f1b)");
   GPIPE_EXPECT_THROW_WITH(
       parse_train_config({"--checkpoint", "sometimes"}), UsageError,
-      "--checkpoint must be one of never, always, except_last, but got 'sometimes'");
+      "--checkpoint: must be one of never, always, except_last, but got 'sometimes'");
 }
 
 TEST(TextCorpusTest, LoadsFilesAndDirectories) {
@@ -347,7 +370,7 @@ TEST(CommandTest, BadCommandLinesExitWithTwoAndOneLine) {
            {"train --stages 9",
             "gpipe train: --stages 9 is more than the model's 6 layers (--layers 4 blocks + "
             "embedding + head)\n"},
-           {"train --steps -3", "gpipe train: --steps must be at least 1, but got -3\n"},
+           {"train --steps -3", "gpipe train: --steps: must be at least 1, but got -3\n"},
            {"generate", "gpipe generate: needs --model FILE (from gpipe train --save)\n"},
            {"fly", "gpipe fly: unknown command 'fly' (commands: train, generate, launch)\n"},
        }) {

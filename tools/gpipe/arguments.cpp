@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -9,94 +10,109 @@
 namespace gpipe {
 namespace cli {
 
-Arguments::Arguments(const std::vector<std::string>& args) {
-  for (size_t k = 0; k < args.size(); ++k) {
-    const std::string& arg = args[k];
-    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
-      throw UsageError("unexpected argument '" + arg + "' (flags look like --name value)");
-    }
-    std::string name = arg.substr(2);
-    std::optional<std::string> value;
-    if (const auto equals = name.find('='); equals != std::string::npos) {
-      value = name.substr(equals + 1);
-      name = name.substr(0, equals);
-    } else if (k + 1 < args.size() && args[k + 1].compare(0, 2, "--") != 0) {
-      value = args[++k];
-    }
-    if (values_.count(name)) throw UsageError("--" + name + " is given twice");
-    values_.emplace(name, value);
-    order_.push_back(name);
+namespace {
+
+// Help lines read `--steps N   optimizer steps (default 300)`.
+class HelpFormatter : public CLI::Formatter {
+ public:
+  HelpFormatter() { column_width(26); }
+  std::string make_option_opts(const CLI::Option* option) const override {
+    return option->get_type_size() == 0 ? "" : " " + option->get_type_name();
+  }
+  std::string make_option_desc(const CLI::Option* option) const override {
+    const std::string fallback = option->get_default_str();
+    if (option->get_type_size() == 0 || fallback.empty()) return option->get_description();
+    return option->get_description() + " (default " + fallback + ")";
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CLI::App> command_line(const std::string& name, const std::string& description) {
+  auto app = std::make_unique<CLI::App>(description, name);
+  app->formatter(std::make_shared<HelpFormatter>());
+  app->set_help_flag("-h,--help", "print this help and exit");
+  app->option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::Throw);
+  // Unknown flags and positionals are named by parse(), in gpipe's words.
+  app->allow_extras();
+  return app;
+}
+
+void parse(CLI::App& app, const std::vector<std::string>& args) {
+  // CLI11 reads its arguments from the back.
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ArgumentMismatch& error) {
+    const std::string what = error.what();
+    const auto colon = what.find(':');
+    const std::string flag = what.substr(0, colon);
+    throw UsageError(what.find("At Most 1") != std::string::npos ? flag + " is given twice"
+                                                                 : flag + " needs a value");
+  } catch (const CLI::ParseError& error) {
+    throw UsageError(error.what());
+  }
+  const std::vector<std::string> extras = app.remaining();
+  if (!extras.empty()) {
+    const std::string& first = extras.front();
+    if (first.rfind("-", 0) == 0) throw UsageError("unknown flag " + first + " (see --help)");
+    throw UsageError("unexpected argument '" + first + "' (flags look like --name value)");
   }
 }
 
-std::optional<std::string> Arguments::text(const std::string& name) {
-  consumed_.insert(name);
-  auto it = values_.find(name);
-  if (it == values_.end()) return std::nullopt;
-  if (!it->second) throw UsageError("--" + name + " needs a value");
-  return it->second;
+bool asks_for_help(const std::vector<std::string>& args) {
+  return std::any_of(args.begin(), args.end(),
+                     [](const std::string& arg) { return arg == "--help" || arg == "-h"; });
 }
 
-std::string Arguments::text(const std::string& name, const std::string& fallback) {
-  return text(name).value_or(fallback);
+CLI::Validator at_least(int64_t min) {
+  return CLI::Validator(
+      [min](std::string& value) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long parsed = std::strtoll(value.c_str(), &end, 10);
+        if (value.empty() || *end != '\0' || errno != 0) {
+          return "must be an integer, but got '" + value + "'";
+        }
+        if (parsed < min) return "must be at least " + std::to_string(min) + ", but got " + value;
+        return "";
+      },
+      "");
 }
 
-int64_t Arguments::integer(const std::string& name, int64_t fallback, int64_t min) {
-  const auto value = text(name);
-  if (!value) return fallback;
-  errno = 0;
-  char* end = nullptr;
-  const long long parsed = std::strtoll(value->c_str(), &end, 10);
-  if (value->empty() || *end != '\0' || errno != 0) {
-    throw UsageError("--" + name + " must be an integer, but got '" + *value + "'");
-  }
-  if (parsed < min) {
-    throw UsageError("--" + name + " must be at least " + std::to_string(min) + ", but got " +
-                     *value);
-  }
-  return parsed;
+CLI::Validator greater_than(double above) {
+  return CLI::Validator(
+      [above](std::string& value) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double parsed = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || errno != 0) {
+          return "must be a number, but got '" + value + "'";
+        }
+        if (!(parsed > above)) {
+          return "must be greater than " + CLI::detail::to_string(above) + ", but got " + value;
+        }
+        return "";
+      },
+      "");
 }
 
-double Arguments::real(const std::string& name, double fallback, double above) {
-  const auto value = text(name);
-  if (!value) return fallback;
-  errno = 0;
-  char* end = nullptr;
-  const double parsed = std::strtod(value->c_str(), &end);
-  if (value->empty() || *end != '\0' || errno != 0) {
-    throw UsageError("--" + name + " must be a number, but got '" + *value + "'");
-  }
-  if (!(parsed > above)) {
-    throw UsageError("--" + name + " must be greater than " + std::to_string(above) + ", but got " +
-                     *value);
-  }
-  return parsed;
-}
-
-bool Arguments::flag(const std::string& name) {
-  consumed_.insert(name);
-  auto it = values_.find(name);
-  if (it == values_.end()) return false;
-  if (it->second) throw UsageError("--" + name + " takes no value, but got '" + *it->second + "'");
-  return true;
-}
-
-std::string Arguments::choice(const std::string& name, const std::string& fallback,
-                              const std::vector<std::string>& choices) {
-  const auto value = text(name);
-  if (!value) return fallback;
+CLI::Validator one_of(const std::vector<std::string>& choices) {
   std::string listed;
-  for (const auto& c : choices) {
-    if (c == *value) return c;
-    listed += (listed.empty() ? "" : ", ") + c;
-  }
-  throw UsageError("--" + name + " must be one of " + listed + ", but got '" + *value + "'");
+  for (const auto& c : choices) listed += (listed.empty() ? "" : ", ") + c;
+  return CLI::Validator(
+      [choices, listed](std::string& value) -> std::string {
+        if (std::find(choices.begin(), choices.end(), value) != choices.end()) return "";
+        return "must be one of " + listed + ", but got '" + value + "'";
+      },
+      "");
 }
 
-void Arguments::finish() const {
-  for (const auto& name : order_) {
-    if (!consumed_.count(name)) throw UsageError("unknown flag --" + name + " (see --help)");
-  }
+std::string listed(const std::vector<std::string>& choices) {
+  std::string text;
+  for (const auto& c : choices) text += (text.empty() ? "" : " | ") + c;
+  return text;
 }
 
 void check_output_path(const std::string& flag, const std::string& path) {

@@ -1,11 +1,13 @@
-// Command-line arguments of the `gpipe` command: `--name value` or `--name=value` flags, read
-// by type; whatever is malformed, unknown or out of range is a UsageError (exit code 2).
+// Command-line arguments of the `gpipe` command, on CLI11: each subcommand describes its flags
+// in a CLI::App (which also writes its --help), and parse() reads them. Flags are `--name
+// value` or `--name=value`, each at most once; whatever is malformed, unknown or out of range
+// is a UsageError of one line naming the flag (exit code 2).
 #pragma once
 
+#include <CLI/CLI.hpp>
+
 #include <cstdint>
-#include <map>
-#include <optional>
-#include <set>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -19,47 +21,35 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// The flags of one subcommand. Each getter consumes its flag; finish() then refuses any flag
-/// nobody asked for.
+/// A CLI::App for a subcommand's flags, as every subcommand has them: `name` and `description`
+/// head its help, each flag's default is shown there, a flag given twice is an error. Name each
+/// option's value (`type_name`): N, X, FILE, ...
 ///
 /// Example:
-///   Arguments args({"--steps", "20", "--quiet"});
-///   int64_t steps = args.integer("steps", 300, /*min=*/1);  // 20
-///   bool quiet = args.flag("quiet");                         // true
-///   args.finish();
-class Arguments {
- public:
-  /// Throws UsageError for a positional argument or a flag given twice.
-  explicit Arguments(const std::vector<std::string>& args);
+///   int64_t steps = 300;
+///   auto app = command_line("gpipe train", "Trains a char GPT.");
+///   app->add_option("--steps", steps, "optimizer steps")->check(at_least(1));
+///   parse(*app, {"--steps", "20"});  // steps == 20
+std::unique_ptr<CLI::App> command_line(const std::string& name, const std::string& description);
 
-  /// The value of --name, or nullopt. Throws UsageError if --name has no value.
-  std::optional<std::string> text(const std::string& name);
-  std::string text(const std::string& name, const std::string& fallback);
+/// Reads `args` into `app`'s options. Throws UsageError for a positional argument, an unknown
+/// flag, a flag given twice or without its value, or a value its validators refuse.
+void parse(CLI::App& app, const std::vector<std::string>& args);
 
-  /// The value of --name as an integer >= `min`, or `fallback`.
-  int64_t integer(const std::string& name, int64_t fallback, int64_t min);
+/// True if --help or -h is among `args`: help wins over whatever else is there, even errors.
+bool asks_for_help(const std::vector<std::string>& args);
 
-  /// The value of --name as a number > `above`, or `fallback`.
-  double real(const std::string& name, double fallback, double above);
+/// An integer >= `min` (e.g. "must be at least 1, but got -3").
+CLI::Validator at_least(int64_t min);
 
-  /// Whether the value-less flag --name was given. Throws UsageError if it has a value.
-  bool flag(const std::string& name);
+/// A number > `above`.
+CLI::Validator greater_than(double above);
 
-  /// One of `choices` for --name, or `fallback`.
-  std::string choice(const std::string& name, const std::string& fallback,
-                     const std::vector<std::string>& choices);
+/// One of `choices` (e.g. "must be one of gpipe, 1f1b, but got '2f2b'").
+CLI::Validator one_of(const std::vector<std::string>& choices);
 
-  /// True if --name was given (without consuming it).
-  bool has(const std::string& name) const { return values_.count(name) > 0; }
-
-  /// Throws UsageError naming the first flag that no getter consumed.
-  void finish() const;
-
- private:
-  std::map<std::string, std::optional<std::string>> values_;
-  std::vector<std::string> order_;  // flags as given, for finish()'s message
-  std::set<std::string> consumed_;
-};
+/// `choices` as a help text lists them: "gpipe | 1f1b".
+std::string listed(const std::vector<std::string>& choices);
 
 /// Checks, before any work, that a file can be written at `path` (given with `flag`): its folder
 /// exists and is writable, and `path` is not a folder. Throws UsageError naming both otherwise.

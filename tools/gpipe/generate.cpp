@@ -8,30 +8,32 @@
 namespace gpipe {
 namespace cli {
 
+namespace {
+
+std::unique_ptr<CLI::App> generate_command_line(GenerateConfig& c) {
+  auto app = command_line("gpipe generate",
+                          "Continues a prompt with a char GPT saved by `gpipe train --save FILE`.");
+  app->add_option("--model", c.model, "the saved model (required)")->type_name("FILE");
+  app->add_option("--prompt", c.prompt, "text to continue (default: a newline)")->type_name("TEXT");
+  app->add_option("--length", c.length, "bytes to generate")->type_name("N")->check(at_least(0));
+  app->add_option("--temperature", c.temperature, "sampling temperature")
+      ->type_name("X")
+      ->check(greater_than(0));
+  app->add_option("--seed", c.seed, "sampling seed")->type_name("N")->check(at_least(0));
+  return app;
+}
+
+}  // namespace
+
 std::string generate_usage() {
-  return R"(usage: gpipe generate --model FILE [flags]
-
-Continues a prompt with a char GPT saved by `gpipe train --save FILE`.
-
-  --model FILE        the saved model (required)
-  --prompt TEXT       text to continue (default: a newline)
-  --length N          bytes to generate (default 300)
-  --temperature X     sampling temperature, > 0 (default 0.8)
-  --seed N            sampling seed (default 0)
-)";
+  GenerateConfig config;
+  return generate_command_line(config)->help();
 }
 
 GenerateConfig parse_generate_config(const std::vector<std::string>& args) {
-  Arguments a(args);
   GenerateConfig c;
-  const auto model = a.text("model");
-  c.prompt = a.text("prompt", c.prompt);
-  c.length = a.integer("length", c.length, 0);
-  c.temperature = a.real("temperature", c.temperature, 0);
-  c.seed = a.integer("seed", c.seed, 0);
-  a.finish();
-  if (!model) throw UsageError("needs --model FILE (from gpipe train --save)");
-  c.model = *model;
+  parse(*generate_command_line(c), args);
+  if (c.model.empty()) throw UsageError("needs --model FILE (from gpipe train --save)");
   return c;
 }
 

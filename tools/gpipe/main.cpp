@@ -12,7 +12,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -30,12 +29,6 @@ commands:
 
 `gpipe <command> --help` lists a command's flags.
 )";
-
-// --help or -h anywhere among a command's flags asks for its usage, whatever else is there.
-bool asks_for_help(const std::vector<std::string>& args) {
-  return std::any_of(args.begin(), args.end(),
-                     [](const std::string& arg) { return arg == "--help" || arg == "-h"; });
-}
 
 int run(const std::string& command, const std::vector<std::string>& args) {
   using namespace gpipe::cli;

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
+#include <type_traits>
 
 namespace gpipe {
 namespace cli {
@@ -66,91 +67,110 @@ void write_file(const std::string& path, const std::function<void(std::ostream&)
   if (!out) throw UsageError("cannot write '" + path + "'");
 }
 
+// Where the flags land before parse_train_config() checks them together.
+struct TrainFlags {
+  TrainConfig config;
+  std::string data = kDefaultCorpusDirectory;
+  int64_t layers = 4, embedding_dim = 128, heads = 4, block_size = 64;
+  std::string checkpoint = "never";
+  std::string devices;
+};
+
+std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
+  TrainConfig& c = f.config;
+  auto app = command_line("gpipe train",
+                          "Trains a character-level GPT on text, pipelined over stages, and "
+                          "reports throughput, peak memory per stage and the measured pipeline "
+                          "bubble.");
+  const auto option = [&](const char* group, const std::string& name, auto& value,
+                          const std::string& help) {
+    CLI::Option* added = app->add_option(name, value, help)->group(group);
+    using Value = std::decay_t<decltype(value)>;
+    if constexpr (std::is_integral_v<Value>) added->type_name("N");
+    if constexpr (std::is_floating_point_v<Value>) added->type_name("X");
+    return added;
+  };
+  const char* data = "data and model";
+  option(data, "--data", f.data, "text to train on: FILE[,FILE...]; a folder means its files")
+      ->type_name("FILE");
+  option(data, "--layers", f.layers, "transformer blocks; the model has N + 2 layers")
+      ->check(at_least(1));
+  option(data, "--embedding-dim", f.embedding_dim, "width")->check(at_least(1));
+  option(data, "--heads", f.heads, "attention heads")->check(at_least(1));
+  option(data, "--block-size", f.block_size, "context in bytes")->check(at_least(1));
+  option(data, "--load", c.load, "start from a model saved with --save (its sizes win)")
+      ->type_name("FILE");
+  option(data, "--save", c.save, "save the trained model (for gpipe generate)")->type_name("FILE");
+  const char* training = "training";
+  option(training, "--steps", c.steps, "optimizer steps")->check(at_least(1));
+  option(training, "--batch-size", c.batch_size, "samples per step")->check(at_least(1));
+  option(training, "--lr", c.learning_rate, "AdamW learning rate")->check(greater_than(0));
+  option(training, "--seed", c.seed, "for weights and batches")->check(at_least(0));
+  const char* pipeline = "pipeline";
+  option(pipeline, "--stages", c.stages, "pipeline stages")->check(at_least(1));
+  option(pipeline, "--chunks", c.chunks, "micro-batches per step")->check(at_least(1));
+  option(pipeline, "--schedule", c.schedule, listed(schedule::schedule_names()))
+      ->type_name("NAME")
+      ->check(one_of(schedule::schedule_names()));
+  option(pipeline, "--virtual-stages", c.virtual_stages, "stages per worker, for interleaved_1f1b")
+      ->check(at_least(1));
+  const std::vector<std::string> modes = {"never", "always", "except_last"};
+  option(pipeline, "--checkpoint", f.checkpoint,
+         listed(modes) + ": which micro-batches recompute in backward")
+      ->type_name("MODE")
+      ->check(one_of(modes));
+  option(pipeline, "--threads", c.threads, "intra-op threads per stage")->check(at_least(1));
+  option(pipeline, "--devices", f.devices, "device of each stage: D[,D...] (default: all cpu)")
+      ->type_name("D");
+  const char* output = "output";
+  option(output, "--trace", c.trace, "Chrome/Perfetto trace (JSON) of every task")
+      ->type_name("FILE");
+  option(output, "--timeline", c.timeline, "SVG picture of the last --timeline-steps steps")
+      ->type_name("FILE");
+  option(output, "--timeline-steps", c.timeline_steps, "steps the timeline draws")
+      ->check(at_least(1));
+  app->add_flag("--quiet", c.quiet, "print nothing: no progress line, no summary")->group(output);
+  return app;
+}
+
 }  // namespace
 
 std::string train_usage() {
-  return R"(usage: gpipe train [flags]
-
-Trains a character-level GPT on text, pipelined over stages, and reports throughput, peak
-memory per stage and the measured pipeline bubble.
-
-data and model:
-  --data FILE[,FILE...]   text to train on; a directory means its files
-                          (default: /usr/share/common-licenses)
-  --layers N              transformer blocks (default 4); the model has N + 2 layers
-  --embedding-dim N       width (default 128)      --heads N        attention heads (default 4)
-  --block-size N          context in bytes (default 64)
-  --load FILE             start from a model saved with --save (its sizes win)
-  --save FILE             save the trained model (for gpipe generate)
-training:
-  --steps N               optimizer steps (default 300)
-  --batch-size N          samples per step (default 32)
-  --lr X                  AdamW learning rate (default 0.002)
-  --seed N                for weights and batches (default 0)
-pipeline:
-  --stages N              pipeline stages (default 2)
-  --chunks N              micro-batches per step (default 4)
-  --schedule NAME         gpipe | 1f1b | interleaved_1f1b | zb1p (default 1f1b)
-  --virtual-stages N      stages per worker for interleaved_1f1b (default 1)
-  --checkpoint MODE       never | always | except_last (default never)
-  --threads N             intra-op threads per stage (default 1)
-  --devices D[,D...]      device of each stage (default: all cpu)
-output:
-  --trace FILE            Chrome/Perfetto trace (JSON) of every task
-  --timeline FILE         SVG picture of the last --timeline-steps N steps (default 2)
-  --quiet                 print nothing: no progress line, no summary
-)";
+  TrainFlags flags;
+  return train_command_line(flags)->help();
 }
 
 TrainConfig parse_train_config(const std::vector<std::string>& args) {
-  Arguments a(args);
-  TrainConfig c;
-  if (auto data = a.text("data")) {
-    c.data.clear();
-    std::stringstream in(*data);
-    std::string path;
-    while (std::getline(in, path, ',')) c.data.push_back(path);
-    if (c.data.empty()) throw UsageError("--data needs at least one file");
-  }
+  TrainFlags f;
+  const auto app = train_command_line(f);
+  parse(*app, args);
+  TrainConfig c = f.config;
+  c.data.clear();
+  std::stringstream data(f.data);
+  for (std::string path; std::getline(data, path, ',');) c.data.push_back(path);
+  if (c.data.empty()) throw UsageError("--data needs at least one file");
   for (const auto& path : c.data) {
     std::error_code error;
     if (!std::filesystem::exists(path, error)) {
       throw UsageError("data file '" + path + "' does not exist or is not a file");
     }
   }
-  c.load = a.text("load", "");
-  for (const char* shape : {"layers", "embedding-dim", "heads", "block-size"}) {
-    if (!c.load.empty() && a.has(shape)) {
-      throw UsageError(std::string("--") + shape +
+  for (const char* shape : {"--layers", "--embedding-dim", "--heads", "--block-size"}) {
+    if (!c.load.empty() && app->count(shape) > 0) {
+      throw UsageError(std::string(shape) +
                        " cannot change a model read with --load (its sizes are saved with it)");
     }
   }
-  c.model.num_layers(a.integer("layers", c.model.num_layers(), 1))
-      .embedding_dim(a.integer("embedding-dim", c.model.embedding_dim(), 1))
-      .num_heads(a.integer("heads", c.model.num_heads(), 1))
-      .block_size(a.integer("block-size", c.model.block_size(), 1));
+  c.model.num_layers(f.layers)
+      .embedding_dim(f.embedding_dim)
+      .num_heads(f.heads)
+      .block_size(f.block_size);
   if (c.model.embedding_dim() % c.model.num_heads() != 0) {
     throw UsageError("--heads " + std::to_string(c.model.num_heads()) +
                      " must divide --embedding-dim " + std::to_string(c.model.embedding_dim()));
   }
-  c.save = a.text("save", "");
-  c.steps = a.integer("steps", c.steps, 1);
-  c.batch_size = a.integer("batch-size", c.batch_size, 1);
-  c.learning_rate = a.real("lr", c.learning_rate, 0);
-  c.seed = a.integer("seed", c.seed, 0);
-  c.stages = a.integer("stages", c.stages, 1);
-  c.chunks = a.integer("chunks", c.chunks, 1);
-  c.schedule = a.choice("schedule", c.schedule, schedule::schedule_names());
-  c.virtual_stages = a.integer("virtual-stages", c.virtual_stages, 1);
-  c.checkpoint =
-      parse_checkpoint_mode(a.choice("checkpoint", "never", {"never", "always", "except_last"}));
-  c.threads = a.integer("threads", c.threads, 1);
-  if (auto devices = a.text("devices")) c.devices = parse_devices(*devices);
-  c.trace = a.text("trace", "");
-  c.timeline = a.text("timeline", "");
-  c.timeline_steps = a.integer("timeline-steps", c.timeline_steps, 1);
-  c.quiet = a.flag("quiet");
-  a.finish();
+  c.checkpoint = parse_checkpoint_mode(f.checkpoint);
+  if (app->count("--devices") > 0) c.devices = parse_devices(f.devices);
 
   // Every output is checked now, so that a bad path never costs a whole run.
   if (!c.save.empty()) check_output_path("--save", c.save);

@@ -18,6 +18,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,27 +36,9 @@ std::string g_name = "gpipe_launch";  // how messages name the launcher
 
 void on_signal(int signal) { g_signal = signal; }
 
-void print_usage(FILE* out) {
-  std::fprintf(out,
-               "usage: %s -n N [--master-addr A] [--master-port P] [--grace S] -- "
-               "program [args...]\n",
-               g_name.c_str());
-}
-
 [[noreturn]] void usage(const std::string& problem) {
-  std::fprintf(stderr, "%s: %s\n", g_name.c_str(), problem.c_str());
-  print_usage(stderr);
+  std::fprintf(stderr, "%s: %s (see --help)\n", g_name.c_str(), problem.c_str());
   std::exit(2);
-}
-
-long number(const std::string& flag, const char* text, long low, long high) {
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (*text == '\0' || *end != '\0' || value < low || value > high) {
-    usage(flag + " must be an integer in [" + std::to_string(low) + ", " + std::to_string(high) +
-          "], but is '" + text + "'");
-  }
-  return value;
 }
 
 // A port that nothing listens on now (the kernel picks it).
@@ -89,47 +74,48 @@ namespace launcher {
 
 int launch(const std::vector<std::string>& args, const std::string& name) {
   g_name = name;
-  // execvp wants argv: the name, then the arguments, then null.
-  std::vector<std::string> words = args;
-  words.insert(words.begin(), name);
-  std::vector<char*> pointers;
-  for (auto& word : words) pointers.push_back(word.data());
-  pointers.push_back(nullptr);
-  const int argc = static_cast<int>(words.size());
-  char** argv = pointers.data();
+  // The launcher's own flags come before --, the program and its arguments after.
+  const auto separator = std::find(args.begin(), args.end(), "--");
+  std::vector<std::string> own(args.begin(), separator);
+  std::vector<std::string> program;
+  if (separator != args.end()) program.assign(separator + 1, args.end());
+
   long n = 0;
   long port = 0;
   long grace = 30;
   std::string addr = "127.0.0.1";
+  CLI::App app(
+      "Starts the N ranks of a multi-process program on this machine, with RANK, "
+      "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as "
+      "torchrun --standalone does.",
+      name + " [flags] -- program [args...]");
+  app.set_help_flag("-h,--help", "print this help and exit");
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::Throw);
+  app.add_option("-n,--nproc", n, "ranks to start")->required()->check(CLI::Range(1, 4096));
+  app.add_option("--master-addr", addr, "address of rank 0's store");
+  app.add_option("--master-port", port, "port of rank 0's store (default: a free one)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--grace", grace, "seconds the other ranks get to fail after one fails")
+      ->check(CLI::Range(0, 86400));
   // --help or -h among the launcher's own flags (not the program's, after --) wins.
-  for (int k = 1; k < argc && std::string(argv[k]) != "--"; ++k) {
-    if (std::string(argv[k]) == "--help" || std::string(argv[k]) == "-h") {
-      print_usage(stdout);
-      return 0;
-    }
+  if (std::find_if(own.begin(), own.end(), [](const std::string& arg) {
+        return arg == "--help" || arg == "-h";
+      }) != own.end()) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
   }
-  int k = 1;
-  for (; k < argc; ++k) {
-    const std::string arg = argv[k];
-    if (arg == "--") {
-      ++k;
-      break;
-    }
-    if (k + 1 >= argc) usage("missing value for " + arg);
-    if (arg == "-n" || arg == "--nproc") {
-      n = number(arg, argv[++k], 1, 4096);
-    } else if (arg == "--master-port") {
-      port = number(arg, argv[++k], 1, 65535);
-    } else if (arg == "--master-addr") {
-      addr = argv[++k];
-    } else if (arg == "--grace") {
-      grace = number(arg, argv[++k], 0, 86400);
-    } else {
-      usage("unknown option " + arg);
-    }
+  try {
+    std::reverse(own.begin(), own.end());  // CLI11 reads its arguments from the back
+    app.parse(own);
+  } catch (const CLI::ParseError& error) {
+    usage(error.what());
   }
-  if (n == 0) usage("-n N is required");
-  if (k >= argc) usage("no program after --");
+  if (program.empty()) usage("no program after --");
+  // execvp wants argv: the program, then its arguments, then null.
+  std::vector<char*> argv;
+  for (auto& word : program) argv.push_back(word.data());
+  argv.push_back(nullptr);
   if (port == 0) port = free_port();
 
   struct sigaction action {};
@@ -152,8 +138,8 @@ int launch(const std::vector<std::string>& args, const std::string& name) {
       setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
       setenv("MASTER_ADDR", addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      execvp(argv[k], argv + k);
-      std::fprintf(stderr, "%s: cannot run %s: %s\n", g_name.c_str(), argv[k],
+      execvp(argv[0], argv.data());
+      std::fprintf(stderr, "%s: cannot run %s: %s\n", g_name.c_str(), argv[0],
                    std::strerror(errno));
       _exit(127);
     }
