@@ -72,7 +72,8 @@ struct Flags {
   double lr = 1;
   bool quiet = false;
   std::string mode = "a";
-  std::unique_ptr<CLI::App> app = command_line("gpipe test", "A command line for the tests.");
+  std::unique_ptr<CLI::App> app =
+      command_line("gpipe test [flags]", "A command line for the tests.");
   Flags() {
     app->add_option("--steps", steps, "steps")->check(at_least(1));
     app->add_option("--lr", lr, "learning rate")->check(greater_than(0));

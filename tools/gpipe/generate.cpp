@@ -11,7 +11,7 @@ namespace cli {
 namespace {
 
 std::unique_ptr<CLI::App> generate_command_line(GenerateConfig& c) {
-  auto app = command_line("gpipe generate",
+  auto app = command_line("gpipe generate --model FILE [flags]",
                           "Continues a prompt with a char GPT saved by `gpipe train --save FILE`.");
   app->add_option("--model", c.model, "the saved model (required)")->type_name("FILE");
   app->add_option("--prompt", c.prompt, "text to continue (default: a newline)")->type_name("TEXT");

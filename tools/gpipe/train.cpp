@@ -78,9 +78,9 @@ struct TrainFlags {
 
 std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
   TrainConfig& c = f.config;
-  auto app = command_line("gpipe train",
+  auto app = command_line("gpipe train [flags]",
                           "Trains a character-level GPT on text, pipelined over stages, and "
-                          "reports throughput, peak memory per stage and the measured pipeline "
+                          "reports\nthroughput, peak memory per stage and the measured pipeline "
                           "bubble.");
   const auto option = [&](const char* group, const std::string& name, auto& value,
                           const std::string& help) {

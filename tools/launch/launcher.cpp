@@ -11,14 +11,14 @@
 // rank does. SIGINT and SIGTERM are passed on to the ranks.
 #include "launcher.h"
 
+#include "arguments.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -37,7 +37,7 @@ std::string g_name = "gpipe_launch";  // how messages name the launcher
 void on_signal(int signal) { g_signal = signal; }
 
 [[noreturn]] void usage(const std::string& problem) {
-  std::fprintf(stderr, "%s: %s (see --help)\n", g_name.c_str(), problem.c_str());
+  std::fprintf(stderr, "%s: %s\n", g_name.c_str(), problem.c_str());
   std::exit(2);
 }
 
@@ -80,38 +80,38 @@ int launch(const std::vector<std::string>& args, const std::string& name) {
   std::vector<std::string> program;
   if (separator != args.end()) program.assign(separator + 1, args.end());
 
-  long n = 0;
-  long port = 0;
-  long grace = 30;
+  int64_t n = 0;
+  int64_t port = 0;
+  int64_t grace = 30;
   std::string addr = "127.0.0.1";
-  CLI::App app(
-      "Starts the N ranks of a multi-process program on this machine, with RANK, "
-      "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as "
-      "torchrun --standalone does.",
-      name + " [flags] -- program [args...]");
-  app.set_help_flag("-h,--help", "print this help and exit");
-  app.option_defaults()->always_capture_default()->multi_option_policy(
-      CLI::MultiOptionPolicy::Throw);
-  app.add_option("-n,--nproc", n, "ranks to start")->required()->check(CLI::Range(1, 4096));
-  app.add_option("--master-addr", addr, "address of rank 0's store");
-  app.add_option("--master-port", port, "port of rank 0's store (default: a free one)")
-      ->check(CLI::Range(0, 65535));
-  app.add_option("--grace", grace, "seconds the other ranks get to fail after one fails")
-      ->check(CLI::Range(0, 86400));
+  const auto app = gpipe::cli::command_line(
+      name + " -n N [flags] -- program [args...]",
+      "Starts the N ranks of a multi-process program on this machine, each with RANK,\n"
+      "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as\n"
+      "torchrun --standalone does.");
+  app->add_option("-n,--nproc", n, "ranks to start (required)")
+      ->type_name("N")
+      ->default_str("")
+      ->check(gpipe::cli::in_range(1, 4096));
+  app->add_option("--master-addr", addr, "address of rank 0's store")->type_name("ADDR");
+  app->add_option("--master-port", port, "port of rank 0's store (0: a free one)")
+      ->type_name("PORT")
+      ->check(gpipe::cli::in_range(0, 65535));
+  app->add_option("--grace", grace, "seconds the other ranks get to fail after one fails")
+      ->type_name("S")
+      ->check(gpipe::cli::in_range(0, 86400));
   // --help or -h among the launcher's own flags (not the program's, after --) wins.
-  if (std::find_if(own.begin(), own.end(), [](const std::string& arg) {
-        return arg == "--help" || arg == "-h";
-      }) != own.end()) {
-    std::fputs(app.help().c_str(), stdout);
+  if (gpipe::cli::asks_for_help(own)) {
+    std::fputs(app->help().c_str(), stdout);
     return 0;
   }
   try {
-    std::reverse(own.begin(), own.end());  // CLI11 reads its arguments from the back
-    app.parse(own);
-  } catch (const CLI::ParseError& error) {
+    gpipe::cli::parse(*app, own);
+  } catch (const gpipe::cli::UsageError& error) {
     usage(error.what());
   }
-  if (program.empty()) usage("no program after --");
+  if (n == 0) usage("-n N is required (see --help)");
+  if (program.empty()) usage("no program after -- (see --help)");
   // execvp wants argv: the program, then its arguments, then null.
   std::vector<char*> argv;
   for (auto& word : program) argv.push_back(word.data());

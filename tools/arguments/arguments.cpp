@@ -6,19 +6,25 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 
 namespace gpipe {
 namespace cli {
 
 namespace {
 
-// Help lines read `--steps N   optimizer steps (default 300)`.
+// The help's usage line is the app's name (which says how to call it); flag lines read
+// `--steps N   optimizer steps (default 300)`.
 class HelpFormatter : public CLI::Formatter {
  public:
   HelpFormatter() { column_width(26); }
   std::string make_option_opts(const CLI::Option* option) const override {
     return option->get_type_size() == 0 ? "" : " " + option->get_type_name();
   }
+  std::string make_description(const CLI::App* app) const override {
+    return "usage: " + app->get_name() + "\n\n" + app->get_description() + "\n";
+  }
+  std::string make_usage(const CLI::App*, std::string) const override { return ""; }
   std::string make_option_desc(const CLI::Option* option) const override {
     const std::string fallback = option->get_default_str();
     if (option->get_type_size() == 0 || fallback.empty()) return option->get_description();
@@ -66,19 +72,33 @@ bool asks_for_help(const std::vector<std::string>& args) {
                      [](const std::string& arg) { return arg == "--help" || arg == "-h"; });
 }
 
-CLI::Validator at_least(int64_t min) {
+namespace {
+
+// An integer validator; `range` words the bounds for its message.
+CLI::Validator integer(int64_t min, int64_t max, const std::string& range) {
   return CLI::Validator(
-      [min](std::string& value) -> std::string {
+      [min, max, range](std::string& value) -> std::string {
         errno = 0;
         char* end = nullptr;
         const long long parsed = std::strtoll(value.c_str(), &end, 10);
         if (value.empty() || *end != '\0' || errno != 0) {
           return "must be an integer, but got '" + value + "'";
         }
-        if (parsed < min) return "must be at least " + std::to_string(min) + ", but got " + value;
+        if (parsed < min || parsed > max) return "must be " + range + ", but got " + value;
         return "";
       },
       "");
+}
+
+}  // namespace
+
+CLI::Validator at_least(int64_t min) {
+  return integer(min, std::numeric_limits<int64_t>::max(), "at least " + std::to_string(min));
+}
+
+CLI::Validator in_range(int64_t min, int64_t max) {
+  return integer(min, max,
+                 "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
 }
 
 CLI::Validator greater_than(double above) {
