@@ -183,5 +183,64 @@ inline nlohmann::json environment_json(const Args& args) {
           {"partitions_on", torch::cuda::is_available() ? "cuda (if enough devices)" : "cpu"}};
 }
 
+/// A batch of `image` x `image` RGB images and their labels among `classes` (ResNet, AmoebaNet).
+inline DataFactory images_with_classes(int64_t image, int64_t classes) {
+  return [=](int64_t batch, c10::Device input_device, c10::Device output_device) {
+    return std::make_pair(
+        torch::rand({batch, 3, image, image}, input_device),
+        torch::randint(classes, {batch}, torch::TensorOptions(output_device).dtype(torch::kLong)));
+  };
+}
+
+/// A batch of `image` x `image` RGB images and their one-channel masks (U-Net).
+inline DataFactory images_with_masks(int64_t image) {
+  return [=](int64_t batch, c10::Device input_device, c10::Device output_device) {
+    return std::make_pair(torch::rand({batch, 3, image, image}, input_device),
+                          torch::ones({batch, 1, image, image}, output_device));
+  };
+}
+
+inline torch::Tensor cross_entropy(const torch::Tensor& output, const torch::Tensor& target) {
+  return torch::nn::functional::cross_entropy(output, target);
+}
+
+inline torch::Tensor binary_cross_entropy(const torch::Tensor& output,
+                                          const torch::Tensor& target) {
+  return torch::nn::functional::binary_cross_entropy_with_logits(output, target);
+}
+
+/// One speed benchmark: what it trains, who competes, and what is printed around the table.
+struct SpeedSuite {
+  /// The header's first line, e.g. "U-Net (depth 5, 5 convs, base 8), 241 layers, 64 x 64 images".
+  std::string title;
+  ModelFactory make_model;
+  DataFactory make_data;
+  LossFunction loss;
+  std::vector<Contender> contenders;
+  /// The most partitions a contender has, for the header's line on where they run.
+  size_t partitions = 8;
+  /// Printed after the table: what the speedups are over and the reference's numbers.
+  std::string notes;
+  /// The JSON report's config (the environment is added).
+  nlohmann::json config;
+};
+
+/// Runs `suite` as every speed benchmark does: a header, `args.rounds` side-by-side rounds,
+/// the table, the notes, and the JSON report `name`.json. Returns main's exit code.
+inline int run_speed_suite(const Args& args, const std::string& name, SpeedSuite& suite) {
+  torch::set_num_threads(1);
+  std::printf("%s; SGD;\n%d rounds, 1 intra-op thread, partitions on %s\n\n", suite.title.c_str(),
+              args.rounds,
+              pipeline_devices(suite.partitions)[0].is_cuda() ? "CUDA devices" : "the CPU");
+  run_side_by_side(suite.contenders, suite.make_model, suite.make_data, suite.loss, args.rounds);
+  print_results(suite.contenders);
+  std::printf("\n%s", suite.notes.c_str());
+  nlohmann::json config = suite.config;
+  config["environment"] = environment_json(args);
+  write_json(
+      args, {{"benchmark", name}, {"config", config}, {"results", results_json(suite.contenders)}});
+  return 0;
+}
+
 }  // namespace bench
 }  // namespace gpipe

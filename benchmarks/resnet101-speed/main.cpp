@@ -10,8 +10,6 @@
 
 #include <torch/torch.h>
 
-#include <cstdio>
-
 int main(int argc, char** argv) {
   namespace bench = gpipe::bench;
   const auto args = bench::parse_args(
@@ -20,59 +18,38 @@ int main(int argc, char** argv) {
       "Default: base width 16, 64 x 64 images, batch 16. --paper: width 64, 224 x 224, the\n"
       "reference's batch sizes (118 ... 25000) and chunks.",
       5);
-  torch::set_num_threads(1);
   const int64_t width = args.paper ? 64 : 16;
   const int64_t image = args.paper ? 224 : 64;
-  auto make_model = [&] {
+  bench::SpeedSuite suite;
+  suite.title = "ResNet-101 (base width " + std::to_string(width) + ", 370 layers), " +
+                std::to_string(image) + " x " + std::to_string(image) + " images, 1000 classes";
+  suite.make_model = [&] {
     return gpipe::models::resnet(gpipe::models::ResNetOptions({3, 4, 23, 3}).base_width(width));
   };
+  suite.make_data = bench::images_with_classes(image, 1000);
+  suite.loss = bench::cross_entropy;
   // The reference's experiments: (batch, chunks) were tuned for 8 Tesla P40s; here, by default,
   // one batch for all and chunks growing with the partitions, as there.
-  using Contender = bench::Contender;
   const auto except_last = gpipe::CheckpointMode::kExceptLast;
-  std::vector<Contender> contenders;
   if (args.paper) {
-    contenders = {{"naive-1", 118},
-                  {"pipeline-1", 220, {370}, 2, except_last},
-                  {"pipeline-2", 25000, {135, 235}, 1667, except_last},
-                  {"pipeline-4", 5632, {44, 92, 124, 110}, 256, except_last},
-                  {"pipeline-8", 5400, {26, 22, 33, 44, 44, 66, 66, 69}, 150, except_last}};
+    suite.contenders = {{"naive-1", 118},
+                        {"pipeline-1", 220, {370}, 2, except_last},
+                        {"pipeline-2", 25000, {135, 235}, 1667, except_last},
+                        {"pipeline-4", 5632, {44, 92, 124, 110}, 256, except_last},
+                        {"pipeline-8", 5400, {26, 22, 33, 44, 44, 66, 66, 69}, 150, except_last}};
   } else {
-    contenders = {{"naive-1", 16},
-                  {"pipeline-1", 16, {370}, 2, except_last},
-                  {"pipeline-2", 16, {135, 235}, 4, except_last},
-                  {"pipeline-4", 16, {44, 92, 124, 110}, 8, except_last},
-                  {"pipeline-8", 16, {26, 22, 33, 44, 44, 66, 66, 69}, 16, except_last},
-                  {"naive-1, loop", 16, {}, 16}};
+    suite.contenders = {{"naive-1", 16},
+                        {"pipeline-1", 16, {370}, 2, except_last},
+                        {"pipeline-2", 16, {135, 235}, 4, except_last},
+                        {"pipeline-4", 16, {44, 92, 124, 110}, 8, except_last},
+                        {"pipeline-8", 16, {26, 22, 33, 44, 44, 66, 66, 69}, 16, except_last},
+                        {"naive-1, loop", 16, {}, 16}};
   }
-  std::printf(
-      "ResNet-101 (base width %lld, 370 layers), %lld x %lld images, 1000 classes; SGD;\n"
-      "%d rounds, 1 intra-op thread, partitions on %s\n\n",
-      static_cast<long long>(width), static_cast<long long>(image), static_cast<long long>(image),
-      args.rounds, bench::pipeline_devices(8)[0].is_cuda() ? "CUDA devices" : "the CPU");
-  bench::run_side_by_side(
-      contenders, make_model,
-      [&](int64_t batch, c10::Device in, c10::Device out) {
-        return std::make_pair(
-            torch::rand({batch, 3, image, image}, in),
-            torch::randint(1000, {batch}, torch::TensorOptions(out).dtype(torch::kLong)));
-      },
-      [](const torch::Tensor& output, const torch::Tensor& target) {
-        return torch::nn::functional::cross_entropy(output, target);
-      },
-      args.rounds);
-  bench::print_results(contenders);
-  std::printf(
-      "\nspeedup = samples/s over naive-1 (medians). torchgpipe on 8 Tesla P40s: pipeline-1/2/4/8\n"
+  suite.notes =
+      "speedup = samples/s over naive-1 (medians). torchgpipe on 8 Tesla P40s: pipeline-1/2/4/8\n"
       "= 0.853x / 1.414x / 2.774x / 4.294x. On one CPU the partitions run one after another, so\n"
       "below 1x here is the cost of micro-batching and checkpointing, not of the pipeline;\n"
-      "\"naive-1, loop\" runs the plain model on pipeline-8's micro-batches one by one.\n");
-  bench::write_json(args, {{"benchmark", "resnet101-speed"},
-                           {"config",
-                            {{"model", "resnet101"},
-                             {"base_width", width},
-                             {"image", image},
-                             {"environment", bench::environment_json(args)}}},
-                           {"results", bench::results_json(contenders)}});
-  return 0;
+      "\"naive-1, loop\" runs the plain model on pipeline-8's micro-batches one by one.\n";
+  suite.config = {{"model", "resnet101"}, {"base_width", width}, {"image", image}};
+  return bench::run_speed_suite(args, "resnet101-speed", suite);
 }

@@ -10,8 +10,6 @@
 
 #include <torch/torch.h>
 
-#include <cstdio>
-
 int main(int argc, char** argv) {
   namespace bench = gpipe::bench;
   const auto args = bench::parse_args(
@@ -20,60 +18,39 @@ int main(int argc, char** argv) {
       "4, 8 partitions. Default: base channels 8, 64 x 64 images, batch 16. --paper: base\n"
       "channels 64, 192 x 192, the reference's batch sizes (40 ... 640) and chunks.",
       9);
-  torch::set_num_threads(1);
   const int64_t base = args.paper ? 64 : 8;
   const int64_t image = args.paper ? 192 : 64;
-  auto make_model = [&] {
+  bench::SpeedSuite suite;
+  suite.title = "U-Net (depth 5, 5 convs, base " + std::to_string(base) + "), 241 layers, " +
+                std::to_string(image) + " x " + std::to_string(image) + " images";
+  suite.make_model = [&] {
     return gpipe::models::unet(
         gpipe::models::UNetOptions().depth(5).num_convs(5).base_channels(base));
   };
-  using Contender = bench::Contender;
+  suite.make_data = bench::images_with_masks(image);
+  suite.loss = bench::binary_cross_entropy;
   const auto except_last = gpipe::CheckpointMode::kExceptLast;
   const std::vector<int64_t> p2{104, 137}, p4{30, 66, 84, 61}, p8{16, 27, 31, 44, 22, 57, 27, 17};
-  std::vector<Contender> contenders;
   if (args.paper) {
-    contenders = {{"naive-1", 40},
-                  {"pipeline-1", 80, {241}, 2, except_last},
-                  {"pipeline-2", 512, p2, 32, except_last},
-                  {"pipeline-4", 512, p4, 16, except_last},
-                  {"pipeline-8", 640, p8, 40, except_last}};
+    suite.contenders = {{"naive-1", 40},
+                        {"pipeline-1", 80, {241}, 2, except_last},
+                        {"pipeline-2", 512, p2, 32, except_last},
+                        {"pipeline-4", 512, p4, 16, except_last},
+                        {"pipeline-8", 640, p8, 40, except_last}};
   } else {
-    contenders = {{"naive-1", 16},
-                  {"pipeline-1", 16, {241}, 2, except_last},
-                  {"pipeline-2", 16, p2, 4, except_last},
-                  {"pipeline-4", 16, p4, 4, except_last},
-                  {"pipeline-8", 16, p8, 8, except_last},
-                  {"naive-1, loop", 16, {}, 8}};
+    suite.contenders = {{"naive-1", 16},
+                        {"pipeline-1", 16, {241}, 2, except_last},
+                        {"pipeline-2", 16, p2, 4, except_last},
+                        {"pipeline-4", 16, p4, 4, except_last},
+                        {"pipeline-8", 16, p8, 8, except_last},
+                        {"naive-1, loop", 16, {}, 8}};
   }
-  std::printf(
-      "U-Net (depth 5, 5 convs, base %lld), 241 layers, %lld x %lld images; SGD;\n"
-      "%d rounds, 1 intra-op thread, partitions on %s\n\n",
-      static_cast<long long>(base), static_cast<long long>(image), static_cast<long long>(image),
-      args.rounds, bench::pipeline_devices(8)[0].is_cuda() ? "CUDA devices" : "the CPU");
-  bench::run_side_by_side(
-      contenders, make_model,
-      [&](int64_t batch, c10::Device in, c10::Device out) {
-        return std::make_pair(torch::rand({batch, 3, image, image}, in),
-                              torch::ones({batch, 1, image, image}, out));
-      },
-      [](const torch::Tensor& output, const torch::Tensor& target) {
-        return torch::nn::functional::binary_cross_entropy_with_logits(output, target);
-      },
-      args.rounds);
-  bench::print_results(contenders);
-  std::printf(
-      "\nspeedup = samples/s over naive-1 (medians). torchgpipe on 8 Tesla P40s: pipeline-1/2/4/8\n"
+  suite.notes =
+      "speedup = samples/s over naive-1 (medians). torchgpipe on 8 Tesla P40s: pipeline-1/2/4/8\n"
       "= 0.858x / 1.246x / 2.352x / 3.105x. On one CPU the partitions run one after another, so\n"
       "below 1x here is the cost of micro-batching and checkpointing, not of the pipeline;\n"
-      "\"naive-1, loop\" runs the plain model on pipeline-8's micro-batches one by one.\n");
-  bench::write_json(args, {{"benchmark", "unet-speed"},
-                           {"config",
-                            {{"model", "unet"},
-                             {"depth", 5},
-                             {"num_convs", 5},
-                             {"base_channels", base},
-                             {"image", image},
-                             {"environment", bench::environment_json(args)}}},
-                           {"results", bench::results_json(contenders)}});
-  return 0;
+      "\"naive-1, loop\" runs the plain model on pipeline-8's micro-batches one by one.\n";
+  suite.config = {
+      {"model", "unet"}, {"depth", 5}, {"num_convs", 5}, {"base_channels", base}, {"image", image}};
+  return bench::run_speed_suite(args, "unet-speed", suite);
 }

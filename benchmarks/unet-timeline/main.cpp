@@ -17,8 +17,6 @@
 
 #include <torch/torch.h>
 
-#include <cstdio>
-
 int main(int argc, char** argv) {
   namespace bench = gpipe::bench;
   const auto args = bench::parse_args(
@@ -28,7 +26,6 @@ int main(int argc, char** argv) {
       "channels 8, batch 16 x 3 x 64 x 64. --paper: base channels 64, 128 x 3 x 192 x 192.\n"
       "Without dependency / without streams cannot be toggled here (see the source).",
       7);
-  torch::set_num_threads(1);
   const int64_t base = args.paper ? 64 : 8;
   const int64_t image = args.paper ? 192 : 64;
   const int64_t batch = args.paper ? 128 : 16;
@@ -37,55 +34,41 @@ int main(int argc, char** argv) {
   auto carrying = [&] { return gpipe::models::unet_carrying_skips(options); };
   const std::vector<int64_t> balance{34, 76, 70, 61};
   const int64_t chunks = 8;
-  std::vector<bench::Contender> contenders;
+  bench::SpeedSuite suite;
+  suite.title = "U-Net (depth 5, 5 convs, base " + std::to_string(base) + "), 241 layers, batch " +
+                std::to_string(batch) + " x 3 x " + std::to_string(image) + " x " +
+                std::to_string(image);
+  suite.make_model = portals;
+  suite.make_data = bench::images_with_masks(image);
+  suite.loss = bench::binary_cross_entropy;
+  suite.partitions = balance.size();
   for (const auto mode : {gpipe::CheckpointMode::kExceptLast, gpipe::CheckpointMode::kNever,
                           gpipe::CheckpointMode::kAlways}) {
     const std::string suffix = ", " + bench::describe(mode);
-    contenders.push_back({"dep-str-ptl (portals)" + suffix, batch, balance, chunks, mode, portals});
-    contenders.push_back(
+    suite.contenders.push_back(
+        {"dep-str-ptl (portals)" + suffix, batch, balance, chunks, mode, portals});
+    suite.contenders.push_back(
         {"dep-str-x (carrying)" + suffix, batch, balance, chunks, mode, carrying, true});
   }
-  contenders.push_back({"naive-1 (plain)", batch, {}, 1, {}, portals});
-  contenders.push_back({"naive-1 (plain), loop", batch, {}, chunks, {}, portals});
-  std::printf(
-      "U-Net (depth 5, 5 convs, base %lld), 241 layers, batch %lld x 3 x %lld x %lld;\n"
-      "SGD; %d rounds, 1 intra-op thread, partitions on %s\n\n",
-      static_cast<long long>(base), static_cast<long long>(batch), static_cast<long long>(image),
-      static_cast<long long>(image), args.rounds,
-      bench::pipeline_devices(4)[0].is_cuda() ? "CUDA devices" : "the CPU");
-  bench::run_side_by_side(
-      contenders, portals,
-      [&](int64_t batch, c10::Device in, c10::Device out) {
-        return std::make_pair(torch::rand({batch, 3, image, image}, in),
-                              torch::ones({batch, 1, image, image}, out));
-      },
-      [](const torch::Tensor& output, const torch::Tensor& target) {
-        return torch::nn::functional::binary_cross_entropy_with_logits(output, target);
-      },
-      args.rounds);
-  bench::print_results(contenders);
-  std::printf(
-      "\nspeedup = samples/s over the first row, GPipe's default (medians). torchgpipe on 4 Tesla\n"
+  suite.contenders.push_back({"naive-1 (plain)", batch, {}, 1, {}, portals});
+  suite.contenders.push_back({"naive-1 (plain), loop", batch, {}, chunks, {}, portals});
+  suite.notes =
+      "speedup = samples/s over the first row, GPipe's default (medians). torchgpipe on 4 Tesla\n"
       "P40s: baseline (no dependency, no streams, carried skips) 30.7/s, dep-x-x 41.3/s,\n"
       "dep-str-x 55.2/s, dep-str-ptl 58.5/s; memory 52.2 / 19.1 / 30.0 / 23.5 GiB.\n"
       "Not measured here: baseline and dep-x-x (no switch for the dependency in GPipe; streams\n"
       "are no-ops on the CPU). On one CPU device a carried skip is passed by reference, so only\n"
       "what portals save in bookkeeping shows, not the copies they save between devices.\n"
-      "\"loop\" runs the plain model on the same 8 micro-batches one by one.\n");
-  bench::write_json(
-      args, {{"benchmark", "unet-timeline"},
-             {"config",
-              {{"model", "unet"},
-               {"depth", 5},
-               {"num_convs", 5},
-               {"base_channels", base},
-               {"image", image},
-               {"balance", balance},
-               {"chunks", chunks},
-               {"not_measured",
-                {"without dependency: the fork/join phonies are always built by GPipe's fence",
-                 "without streams: copy streams are CPU placeholders, nothing to switch off"}},
-               {"environment", bench::environment_json(args)}}},
-             {"results", bench::results_json(contenders)}});
-  return 0;
+      "\"loop\" runs the plain model on the same 8 micro-batches one by one.\n";
+  suite.config = {{"model", "unet"},
+                  {"depth", 5},
+                  {"num_convs", 5},
+                  {"base_channels", base},
+                  {"image", image},
+                  {"balance", balance},
+                  {"chunks", chunks},
+                  {"not_measured",
+                   {"without dependency: the fork/join phonies are always built by GPipe's fence",
+                    "without streams: copy streams are CPU placeholders, nothing to switch off"}}};
+  return bench::run_speed_suite(args, "unet-timeline", suite);
 }
