@@ -22,7 +22,12 @@ class HelpFormatter : public CLI::Formatter {
     return option->get_type_size() == 0 ? "" : " " + option->get_type_name();
   }
   std::string make_description(const CLI::App* app) const override {
-    return "usage: " + app->get_name() + "\n\n" + app->get_description() + "\n";
+    return "usage: " + app->get_name() + "\n\n" + app->get_description() + "\n\n";
+  }
+  // One blank line between groups (CLI11 puts one before each group as well as after).
+  std::string make_group(std::string group, bool is_positional,
+                         std::vector<const CLI::Option*> options) const override {
+    return CLI::Formatter::make_group(group, is_positional, options).substr(1);
   }
   std::string make_usage(const CLI::App*, std::string) const override { return ""; }
   std::string make_option_desc(const CLI::Option* option) const override {

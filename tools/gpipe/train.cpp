@@ -91,7 +91,7 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
     return added;
   };
   const char* data = "data and model";
-  option(data, "--data", f.data, "text to train on: FILE[,FILE...]; a folder means its files")
+  option(data, "--data", f.data, "text to train on, FILE[,FILE...]; a folder: its files")
       ->type_name("FILE");
   option(data, "--layers", f.layers, "transformer blocks; the model has N + 2 layers")
       ->check(at_least(1));
@@ -115,8 +115,7 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
   option(pipeline, "--virtual-stages", c.virtual_stages, "stages per worker, for interleaved_1f1b")
       ->check(at_least(1));
   const std::vector<std::string> modes = {"never", "always", "except_last"};
-  option(pipeline, "--checkpoint", f.checkpoint,
-         listed(modes) + ": which micro-batches recompute in backward")
+  option(pipeline, "--checkpoint", f.checkpoint, listed(modes) + ": what backward recomputes")
       ->type_name("MODE")
       ->check(one_of(modes));
   option(pipeline, "--threads", c.threads, "intra-op threads per stage")->check(at_least(1));
