@@ -26,22 +26,22 @@ bool close(const at::Tensor& actual, const at::Tensor& expected) {
 
 // Runs the worker on `ranks` ranks and compares every rank's loss and every stage's gradients
 // with the plain model's.
-void expect_equivalent(int ranks, const std::string& schedule, int64_t stages_per_rank,
+void expect_equivalent(int ranks, const std::string& schedule, int64_t stages_per_worker,
                        int64_t replicas = 1, const std::string& checkpoint = "never") {
   SCOPED_TRACE(std::to_string(ranks) + " ranks, " + schedule + ", " +
-               std::to_string(stages_per_rank) + " stage(s) per rank, " + std::to_string(replicas) +
-               " replica(s), checkpoint " + checkpoint);
+               std::to_string(stages_per_worker) + " stage(s) per rank, " +
+               std::to_string(replicas) + " replica(s), checkpoint " + checkpoint);
   const auto [input, target] = testing::distributed_batch();
-  const int64_t S = ranks / replicas * stages_per_rank;
+  const int64_t S = ranks / replicas * stages_per_worker;
   std::vector<int64_t> balance = testing::distributed_balance(S);
   auto plain = testing::distributed_model(balance);
   const at::Tensor expected_loss = torch::mse_loss(plain->forward(input), target);
   expected_loss.backward();
 
   const testing::Launch launch = testing::launch_workers(
-      ranks, "--schedule " + schedule + " --stages-per-rank " + std::to_string(stages_per_rank) +
-                 " --chunks 4 --data-parallel " + std::to_string(replicas) + " --checkpoint " +
-                 checkpoint);
+      ranks, "--schedule " + schedule + " --stages-per-worker " +
+                 std::to_string(stages_per_worker) + " --chunks 4 --data-parallel " +
+                 std::to_string(replicas) + " --checkpoint " + checkpoint);
   ASSERT_EQ(launch.exit_code, 0) << launch.output;
   for (int r = 0; r < ranks; ++r) {
     at::Tensor loss;
@@ -139,8 +139,8 @@ TEST(DistributedPipelineTest, StagesMustMatchWorldSize) {
       PipelineStage(model, {8, 8}, loss, PipelineStageOptions(4).data_parallel(3)), c10::ValueError,
       "data_parallel (3) must be positive and divide WORLD_SIZE = 2");
   GPIPE_EXPECT_THROW_WITH(
-      PipelineStage(model, {8, 8}, loss, PipelineStageOptions(4).stages_per_rank(2)),
-      c10::ValueError, "runs one stage per rank, but stages_per_rank is 2");
+      PipelineStage(model, {8, 8}, loss, PipelineStageOptions(4).stages_per_worker(2)),
+      c10::ValueError, "runs one stage per rank, but stages_per_worker is 2");
   GPIPE_EXPECT_THROW_WITH(
       PipelineStage(model, {8, 8}, loss, PipelineStageOptions(4).intra_op_threads(-1)),
       c10::ValueError, "intra_op_threads must be non-negative, but got -1");
@@ -149,7 +149,7 @@ TEST(DistributedPipelineTest, StagesMustMatchWorldSize) {
       PipelineStage(model, {8, 8}, loss,
                     PipelineStageOptions(4)
                         .schedule(schedule::ScheduleKind::kInterleavedOneFOneB)
-                        .stages_per_rank(kMax)),
+                        .stages_per_worker(kMax)),
       c10::ValueError,
       "balance names 2 stages, but WORLD_SIZE = 2 ranks with 9223372036854775807 stage(s) each "
       "run 18446744073709551614");

@@ -1,7 +1,7 @@
 // One rank of the multi-process tests (distributed_*_test.cpp), started by gpipe_launch.
 //
 // Usage: distributed_worker --out DIR [--schedule gpipe|1f1b|interleaved_1f1b|zb1p]
-//            [--stages-per-rank V] [--chunks M] [--timeout-ms T] [--checkpoint MODE]
+//            [--stages-per-worker V] [--chunks M] [--timeout-ms T] [--checkpoint MODE]
 //            [--data-parallel D]
 //            [--fail-rank R --fail-mode throw|kill|hang|stop|mismatch|kill-connected]
 //            [--rendezvous-timeout-ms T] [--absent-from R] [--trace 1]
@@ -48,7 +48,7 @@ int fail(const std::string& out, int64_t rank, const std::string& message) {
 
 int main(int argc, char** argv) {
   std::string out, schedule = "1f1b", fail_mode, checkpoint = "never";
-  int64_t stages_per_rank = 1, chunks = 4, timeout_ms = 60000, fail_rank = -1, replicas = 1;
+  int64_t stages_per_worker = 1, chunks = 4, timeout_ms = 60000, fail_rank = -1, replicas = 1;
   int64_t rendezvous_timeout_ms = 60000, absent_from = -1, trace = 0;
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string flag = argv[k];
@@ -59,8 +59,8 @@ int main(int argc, char** argv) {
       schedule = value;
     else if (flag == "--checkpoint")
       checkpoint = value;
-    else if (flag == "--stages-per-rank")
-      stages_per_rank = std::stoll(value);
+    else if (flag == "--stages-per-worker")
+      stages_per_worker = std::stoll(value);
     else if (flag == "--chunks")
       chunks = std::stoll(value);
     else if (flag == "--timeout-ms")
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
              std::to_string(gpipe::testing::milliseconds_since_epoch()));
   try {
     const int64_t world = std::atoll(std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "1");
-    const int64_t S = world / replicas * stages_per_rank;
+    const int64_t S = world / replicas * stages_per_worker;
     std::vector<int64_t> balance = gpipe::testing::distributed_balance(S);
     // The failing rank's first stage ends in the trap; every rank has it, unarmed elsewhere.
     torch::nn::Sequential model =
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
         },
         gpipe::distributed::PipelineStageOptions(chunks)
             .schedule(gpipe::schedule::parse_schedule_kind(schedule))
-            .stages_per_rank(stages_per_rank)
+            .stages_per_worker(stages_per_worker)
             .checkpoint(gpipe::parse_checkpoint_mode(checkpoint))
             .data_parallel(replicas)
             .timeout(std::chrono::milliseconds(timeout_ms))

@@ -22,7 +22,8 @@
 namespace gpipe {
 namespace distributed {
 
-PipelineStageOptions::PipelineStageOptions(int64_t chunks) : chunks_(chunks) {}
+PipelineStageOptions::PipelineStageOptions(int64_t chunks)
+    : ScheduleOptions(chunks, /*intra_op_threads=*/0) {}
 
 c10::Device default_device(const Environment& environment) {
   const auto count = static_cast<int64_t>(torch::cuda::device_count());
@@ -38,23 +39,16 @@ namespace {
 // Fails at the start, before any rank waits for another, for a layout the job cannot run.
 void check_layout(int64_t world_size, const torch::nn::Sequential& module,
                   const std::vector<int64_t>& balance, const PipelineStageOptions& options) {
-  TORCH_CHECK_VALUE(options.chunks() > 0, "chunks must be positive, but got ", options.chunks());
-  schedule::ScheduleOptionNames names;
-  names.stages_per_worker = "stages_per_rank";
-  names.worker = "rank";
-  schedule::check_schedule_options(options.schedule(), options.stages_per_rank(),
-                                   options.checkpoint(), names);
-  TORCH_CHECK_VALUE(options.intra_op_threads() >= 0,
-                    "intra_op_threads must be non-negative, but got ", options.intra_op_threads());
+  options.check("rank");
   const int64_t D = options.data_parallel();
   TORCH_CHECK_VALUE(D > 0 && world_size % D == 0, "data_parallel (", D,
                     ") must be positive and divide WORLD_SIZE = ", world_size);
   const int64_t P = world_size / D;
-  const detail::Exact stages = detail::Exact(P) * options.stages_per_rank();
+  const detail::Exact stages = detail::Exact(P) * options.stages_per_worker();
   TORCH_CHECK_VALUE(static_cast<detail::Exact>(balance.size()) == stages, "balance names ",
                     balance.size(), " stages, but WORLD_SIZE = ", world_size, " ranks",
                     (D > 1 ? " in " + std::to_string(D) + " replicas" : std::string()), " with ",
-                    options.stages_per_rank(), " stage(s) each run ", detail::to_string(stages));
+                    options.stages_per_worker(), " stage(s) each run ", detail::to_string(stages));
   detail::check_balance(module, balance);
   detail::verify_skips_within_stages(detail::split_by_balance(module, balance));
 }

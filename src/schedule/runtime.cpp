@@ -18,17 +18,8 @@
 namespace gpipe {
 namespace schedule {
 
-std::ostream& operator<<(std::ostream& out, LossReduction reduction) {
-  switch (reduction) {
-    case LossReduction::kMean:
-      return out << "mean";
-    case LossReduction::kSum:
-      return out << "sum";
-  }
-  return out << "LossReduction(" << static_cast<int>(reduction) << ")";
-}
-
-PipelineScheduleOptions::PipelineScheduleOptions(int64_t chunks) : chunks_(chunks) {}
+PipelineScheduleOptions::PipelineScheduleOptions(int64_t chunks)
+    : ScheduleOptions(chunks, /*intra_op_threads=*/1) {}
 
 PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, LossFunction loss,
                                    PipelineScheduleOptions options)
@@ -36,11 +27,7 @@ PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, Lo
   const int64_t S = static_cast<int64_t>(stages.size());
   TORCH_CHECK_VALUE(S > 0, "a pipeline needs at least one stage");
   TORCH_CHECK_VALUE(static_cast<bool>(loss_), "the loss function is empty");
-  TORCH_CHECK_VALUE(options_.chunks() > 0, "chunks must be positive, but got ", options_.chunks());
-  schedule::check_schedule_options(options_.schedule(), options_.stages_per_worker(),
-                                   options_.checkpoint());
-  TORCH_CHECK_VALUE(options_.intra_op_threads() >= 0,
-                    "intra_op_threads must be non-negative, but got ", options_.intra_op_threads());
+  options_.check("worker");
   TORCH_CHECK_VALUE(options_.queue_capacity() >= 0, "queue_capacity must be non-negative, but got ",
                     options_.queue_capacity());
   TORCH_CHECK_VALUE(S % options_.stages_per_worker() == 0, "stages_per_worker (",

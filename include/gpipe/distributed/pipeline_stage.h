@@ -59,24 +59,9 @@ namespace distributed {
 ///       model, {4, 4}, loss,
 ///       gpipe::distributed::PipelineStageOptions(8).schedule(
 ///           gpipe::schedule::ScheduleKind::kOneFOneB));
-struct PipelineStageOptions {
+struct PipelineStageOptions : schedule::ScheduleOptions<PipelineStageOptions> {
+  /// With `chunks` micro-batches per step; intra-op threads left as LibTorch sets them.
   /* implicit */ PipelineStageOptions(int64_t chunks);
-
-  /// How many micro-batches to split each batch into. Required; positive.
-  TORCH_ARG(int64_t, chunks);
-
-  /// The schedule. Default: ScheduleKind::kOneFOneB.
-  TORCH_ARG(schedule::ScheduleKind, schedule) = schedule::ScheduleKind::kOneFOneB;
-
-  /// Stages per rank; more than 1 only for kInterleavedOneFOneB. Default: 1.
-  TORCH_ARG(int64_t, stages_per_rank) = 1;
-
-  /// Activation checkpointing in every stage, as in schedule::PipelineScheduleOptions (not with
-  /// kZeroBubble). Default: CheckpointMode::kNever.
-  TORCH_ARG(CheckpointMode, checkpoint) = CheckpointMode::kNever;
-
-  /// How the loss function reduces a micro-batch. Default: LossReduction::kMean.
-  TORCH_ARG(schedule::LossReduction, loss_reduction) = schedule::LossReduction::kMean;
 
   /// The longest any send or receive waits for its peer, or any call for the store, before a
   /// rank counts as failed: the one that stopped answering (c10d_transport.h). Default: 300 s.
@@ -100,14 +85,6 @@ struct PipelineStageOptions {
   /// anywhere; the loss comes back on the CPU. Default: cuda:LOCAL_RANK where CUDA is available,
   /// else the CPU.
   TORCH_ARG(c10::optional<c10::Device>, device) = c10::nullopt;
-
-  /// at::set_num_threads() at the start of each step; 0 leaves the thread count alone.
-  /// Default: 0.
-  TORCH_ARG(int64_t, intra_op_threads) = 0;
-
-  /// Records every action of this rank's steps (trace.h) as worker `rank`; null for none. Each
-  /// rank has its own: write each one's events, or gather them. Default: null.
-  TORCH_ARG(std::shared_ptr<trace::Tracer>, tracer) = nullptr;
 };
 
 /// The device a rank uses by default: cuda:LOCAL_RANK where LibTorch sees CUDA devices, else the
@@ -121,7 +98,7 @@ class PipelineStage {
   /// layers are shared, not copied). Reads the environment (environment.h) and joins the other
   /// ranks (rendezvous.h). Throws c10::ValueError for a bad environment, a balance that does not
   /// add up to the module's layers, or a number of stages other than
-  /// WORLD_SIZE x stages_per_rank.
+  /// WORLD_SIZE x stages_per_worker.
   PipelineStage(const torch::nn::Sequential& module, const std::vector<int64_t>& balance,
                 schedule::LossFunction loss, PipelineStageOptions options);
 

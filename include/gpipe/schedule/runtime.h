@@ -34,6 +34,7 @@
 #include "gpipe/microbatch.h"
 #include "gpipe/schedule/action.h"
 #include "gpipe/schedule/generators.h"
+#include "gpipe/schedule/options.h"
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/stage.h"
 #include "gpipe/schedule/transport.h"
@@ -58,45 +59,16 @@ class ScheduleCache;
 
 namespace schedule {
 
-/// How the loss function reduces over a micro-batch; see the top of this file.
-enum class LossReduction {
-  kMean,  ///< an average: micro-batch losses are scaled by their share of the batch
-  kSum,   ///< a sum: micro-batch losses add up unscaled
-};
-
-std::ostream& operator<<(std::ostream& out, LossReduction reduction);
-
-/// Options for PipelineSchedule.
+/// Options for PipelineSchedule: those of both engines (options.h), and its stages' devices.
 ///
 /// Example:
 ///   gpipe::schedule::PipelineSchedule pipe(
 ///       {stage0, stage1}, loss,
 ///       gpipe::schedule::PipelineScheduleOptions(8).schedule(
 ///           gpipe::schedule::ScheduleKind::kOneFOneB));
-struct PipelineScheduleOptions {
+struct PipelineScheduleOptions : ScheduleOptions<PipelineScheduleOptions> {
+  /// With `chunks` micro-batches per step, and one intra-op thread per worker thread.
   /* implicit */ PipelineScheduleOptions(int64_t chunks);
-
-  /// How many micro-batches to split each batch into (fewer when the batch is smaller).
-  /// Required; positive.
-  TORCH_ARG(int64_t, chunks);
-
-  /// The schedule. Default: ScheduleKind::kOneFOneB.
-  TORCH_ARG(ScheduleKind, schedule) = ScheduleKind::kOneFOneB;
-
-  /// Stages per worker; more than 1 only for kInterleavedOneFOneB, where worker w runs stages
-  /// w, w + W, ... (W = stages / stages_per_worker). Default: 1.
-  TORCH_ARG(int64_t, stages_per_worker) = 1;
-
-  /// at::set_num_threads() on each worker thread; 0 leaves the thread count alone. Default: 1.
-  TORCH_ARG(int64_t, intra_op_threads) = 1;
-
-  /// Activation checkpointing in every stage: a checkpointed forward keeps only its input and
-  /// its backward recomputes. kExceptLast spares the step's last micro-batch, as in GPipe. Not
-  /// with kZeroBubble, whose split backward it cannot split. Default: CheckpointMode::kNever.
-  TORCH_ARG(CheckpointMode, checkpoint) = CheckpointMode::kNever;
-
-  /// How the loss function reduces a micro-batch. Default: LossReduction::kMean.
-  TORCH_ARG(LossReduction, loss_reduction) = LossReduction::kMean;
 
   /// The device of each stage. Default: every stage on CPU.
   TORCH_ARG(std::vector<c10::Device>, devices) = {};
@@ -104,10 +76,6 @@ struct PipelineScheduleOptions {
   /// Messages each edge between stages holds before a send waits; 0 for the number of
   /// micro-batches (sends never wait). Default: 0.
   TORCH_ARG(int64_t, queue_capacity) = 0;
-
-  /// Records every action of every step (trace.h), e.g. for a timeline; null for none. Actions
-  /// also tag their CPU allocations with their stage (memory.h). Default: null.
-  TORCH_ARG(std::shared_ptr<trace::Tracer>, tracer) = nullptr;
 };
 
 /// A model trained with an explicit pipeline schedule.

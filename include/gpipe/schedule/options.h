@@ -1,0 +1,100 @@
+// What both schedule engines take: PipelineScheduleOptions (workers are threads, runtime.h) and
+// distributed::PipelineStageOptions (workers are ranks, pipeline_stage.h) derive from
+// ScheduleOptions and add only what differs: where their stages run and how they talk.
+#pragma once
+
+#include "gpipe/checkpoint.h"
+#include "gpipe/schedule/generators.h"
+#include "gpipe/trace.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+
+namespace gpipe {
+namespace schedule {
+
+/// How the loss function reduces over a micro-batch (runtime.h says what step() returns).
+enum class LossReduction {
+  kMean,  ///< an average: micro-batch losses are scaled by their share of the batch
+  kSum,   ///< a sum: micro-batch losses add up unscaled
+};
+
+std::ostream& operator<<(std::ostream& out, LossReduction reduction);
+
+/// The options of both schedule engines. Every setter returns the engine's own options, so
+/// they chain with its other setters:
+///   PipelineScheduleOptions(8).schedule(ScheduleKind::kZeroBubble).devices(devices)
+/// The engines check them with one rule (check_schedule_options, generators.h).
+template <typename Options>
+class ScheduleOptions {
+ public:
+  /// How many micro-batches to split each batch into (fewer when the batch is smaller).
+  /// Required; positive.
+  Options& chunks(int64_t value) { return chunks_ = value, self(); }
+  int64_t chunks() const { return chunks_; }
+
+  /// The schedule. Default: ScheduleKind::kOneFOneB.
+  Options& schedule(ScheduleKind value) { return schedule_ = value, self(); }
+  ScheduleKind schedule() const { return schedule_; }
+
+  /// Stages per worker; more than 1 only for kInterleavedOneFOneB, where worker w runs stages
+  /// w, w + W, ... (W workers). Default: 1.
+  Options& stages_per_worker(int64_t value) { return stages_per_worker_ = value, self(); }
+  int64_t stages_per_worker() const { return stages_per_worker_; }
+
+  /// Activation checkpointing in every stage: a checkpointed forward keeps only its input and
+  /// its backward recomputes. kExceptLast spares the step's last micro-batch, as in GPipe. Not
+  /// with kZeroBubble, whose split backward it cannot split. Default: CheckpointMode::kNever.
+  Options& checkpoint(CheckpointMode value) { return checkpoint_ = value, self(); }
+  CheckpointMode checkpoint() const { return checkpoint_; }
+
+  /// How the loss function reduces a micro-batch. Default: LossReduction::kMean.
+  Options& loss_reduction(LossReduction value) { return loss_reduction_ = value, self(); }
+  LossReduction loss_reduction() const { return loss_reduction_; }
+
+  /// at::set_num_threads() on each worker; 0 leaves the thread count alone. Default: 1 for
+  /// worker threads (one process shares the cores), 0 for ranks.
+  Options& intra_op_threads(int64_t value) { return intra_op_threads_ = value, self(); }
+  int64_t intra_op_threads() const { return intra_op_threads_; }
+
+  /// Records every action of every step (trace.h); null for none. Actions also tag their CPU
+  /// allocations with their stage (memory.h). Default: null.
+  Options& tracer(std::shared_ptr<trace::Tracer> value) {
+    return tracer_ = std::move(value), self();
+  }
+  const std::shared_ptr<trace::Tracer>& tracer() const { return tracer_; }
+
+  /// The rules of both engines: chunks positive, intra_op_threads not negative, and
+  /// check_schedule_options's (stages per worker, checkpointing) with `worker` saying what a
+  /// worker is ("worker", "rank"). Throws c10::ValueError naming the option.
+  void check(const std::string& worker) const {
+    TORCH_CHECK_VALUE(chunks_ > 0, "chunks must be positive, but got ", chunks_);
+    TORCH_CHECK_VALUE(intra_op_threads_ >= 0, "intra_op_threads must be non-negative, but got ",
+                      intra_op_threads_);
+    ScheduleOptionNames names;
+    names.worker = worker;
+    check_schedule_options(schedule_, stages_per_worker_, checkpoint_, names);
+  }
+
+ protected:
+  ScheduleOptions(int64_t chunks, int64_t intra_op_threads)
+      : chunks_(chunks), intra_op_threads_(intra_op_threads) {}
+
+ private:
+  Options& self() { return static_cast<Options&>(*this); }
+
+  int64_t chunks_;
+  ScheduleKind schedule_ = ScheduleKind::kOneFOneB;
+  int64_t stages_per_worker_ = 1;
+  CheckpointMode checkpoint_ = CheckpointMode::kNever;
+  LossReduction loss_reduction_ = LossReduction::kMean;
+  int64_t intra_op_threads_;
+  std::shared_ptr<trace::Tracer> tracer_;
+};
+
+}  // namespace schedule
+}  // namespace gpipe
