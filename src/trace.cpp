@@ -278,8 +278,9 @@ void write_svg_timeline(const std::vector<Event>& events, std::ostream& out) {
   const double axis = kTop + kRow * static_cast<double>(workers.size()) + 14;
   for (int tick = 0; tick <= 4; ++tick) {
     const double t = t0 + span * tick / 4;
-    out << "<text x=\"" << fixed(x(t), 2) << "\" y=\"" << axis << "\" text-anchor=\"middle\">"
-        << fixed((t - t0) / 1000, 1) << " ms</text>\n";
+    // The last label ends at the axis' end, so that it stays inside the picture.
+    out << "<text x=\"" << fixed(x(t), 2) << "\" y=\"" << axis << "\" text-anchor=\""
+        << (tick == 4 ? "end" : "middle") << "\">" << fixed((t - t0) / 1000, 1) << " ms</text>\n";
   }
   double legend_x = kLeft;
   for (const char* name :
