@@ -33,15 +33,18 @@ inline Gradients gradients_of(const std::function<torch::Tensor(const torch::Ten
   return result;
 }
 
-// Output and every gradient equal within 1e-6 (relative) and 1e-9 (absolute).
+// Output and every gradient equal within 1e-6 (relative) and 1e-9 (absolute), compared on the
+// CPU: a pipeline's parameters, and so their gradients, may live on another device.
 inline void expect_close(const Gradients& actual, const Gradients& expected) {
-  EXPECT_TRUE(torch::allclose(actual.output, expected.output, 1e-6, 1e-9));
+  const auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return torch::allclose(a.cpu(), b.cpu(), 1e-6, 1e-9);
+  };
+  EXPECT_TRUE(close(actual.output, expected.output));
   ASSERT_TRUE(actual.input_grad.defined());
-  EXPECT_TRUE(torch::allclose(actual.input_grad, expected.input_grad, 1e-6, 1e-9));
+  EXPECT_TRUE(close(actual.input_grad, expected.input_grad));
   ASSERT_EQ(actual.parameter_grads.size(), expected.parameter_grads.size());
   for (size_t k = 0; k < actual.parameter_grads.size(); ++k) {
-    EXPECT_TRUE(torch::allclose(actual.parameter_grads[k], expected.parameter_grads[k], 1e-6, 1e-9))
-        << "parameter " << k;
+    EXPECT_TRUE(close(actual.parameter_grads[k], expected.parameter_grads[k])) << "parameter " << k;
   }
 }
 
