@@ -37,6 +37,29 @@ class HelpFormatter : public CLI::Formatter {
   }
 };
 
+// `choices` joined by `separator`.
+std::string join(const std::vector<std::string>& choices, const std::string& separator) {
+  std::string text;
+  for (const auto& c : choices) text += (text.empty() ? "" : separator) + c;
+  return text;
+}
+
+// An integer validator; `range` words the bounds for its message.
+CLI::Validator integer(int64_t min, int64_t max, const std::string& range) {
+  return CLI::Validator(
+      [min, max, range](std::string& value) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long parsed = std::strtoll(value.c_str(), &end, 10);
+        if (value.empty() || *end != '\0' || errno != 0) {
+          return "must be an integer, but got '" + value + "'";
+        }
+        if (parsed < min || parsed > max) return "must be " + range + ", but got " + value;
+        return "";
+      },
+      "");
+}
+
 }  // namespace
 
 std::unique_ptr<CLI::App> command_line(const std::string& name, const std::string& description) {
@@ -77,26 +100,6 @@ bool asks_for_help(const std::vector<std::string>& args) {
                      [](const std::string& arg) { return arg == "--help" || arg == "-h"; });
 }
 
-namespace {
-
-// An integer validator; `range` words the bounds for its message.
-CLI::Validator integer(int64_t min, int64_t max, const std::string& range) {
-  return CLI::Validator(
-      [min, max, range](std::string& value) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        const long long parsed = std::strtoll(value.c_str(), &end, 10);
-        if (value.empty() || *end != '\0' || errno != 0) {
-          return "must be an integer, but got '" + value + "'";
-        }
-        if (parsed < min || parsed > max) return "must be " + range + ", but got " + value;
-        return "";
-      },
-      "");
-}
-
-}  // namespace
-
 CLI::Validator at_least(int64_t min) {
   return integer(min, std::numeric_limits<int64_t>::max(), "at least " + std::to_string(min));
 }
@@ -124,21 +127,15 @@ CLI::Validator greater_than(double above) {
 }
 
 CLI::Validator one_of(const std::vector<std::string>& choices) {
-  std::string listed;
-  for (const auto& c : choices) listed += (listed.empty() ? "" : ", ") + c;
   return CLI::Validator(
-      [choices, listed](std::string& value) -> std::string {
+      [choices](std::string& value) -> std::string {
         if (std::find(choices.begin(), choices.end(), value) != choices.end()) return "";
-        return "must be one of " + listed + ", but got '" + value + "'";
+        return "must be one of " + join(choices, ", ") + ", but got '" + value + "'";
       },
       "");
 }
 
-std::string listed(const std::vector<std::string>& choices) {
-  std::string text;
-  for (const auto& c : choices) text += (text.empty() ? "" : " | ") + c;
-  return text;
-}
+std::string listed(const std::vector<std::string>& choices) { return join(choices, " | "); }
 
 void check_output_path(const std::string& flag, const std::string& path) {
   namespace fs = std::filesystem;

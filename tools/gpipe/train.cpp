@@ -8,6 +8,7 @@
 #include <gpipe/schedule/runtime.h>
 #include <gpipe/trace.h>
 
+#include <c10/util/StringUtil.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -68,11 +69,15 @@ void write_file(const std::string& path, const std::function<void(std::ostream&)
 }
 
 // Where the flags land before parse_train_config() checks them together.
+// Their defaults are the config's and the model's own.
 struct TrainFlags {
   TrainConfig config;
   std::string data = kDefaultCorpusDirectory;
-  int64_t layers = 4, embedding_dim = 128, heads = 4, block_size = 64;
-  std::string checkpoint = "never";
+  int64_t layers = config.model.num_layers();
+  int64_t embedding_dim = config.model.embedding_dim();
+  int64_t heads = config.model.num_heads();
+  int64_t block_size = config.model.block_size();
+  std::string checkpoint = c10::str(config.checkpoint);
   std::string devices;
 };
 
