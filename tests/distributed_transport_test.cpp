@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -62,6 +63,33 @@ void run_ranks(
   for (const auto& error : errors) {
     if (error) std::rethrow_exception(error);
   }
+}
+
+void on_sigpipe(int) {}
+
+// Gloo writes with plain writev: without this, a peer that dies mid-send kills the writer with
+// SIGPIPE before it can name the peer. A handler the program installed stays.
+TEST(DistributedTransportTest, RendezvousIgnoresSigpipeUnlessHandled) {
+  const auto disposition = [] {
+    struct sigaction current {};
+    sigaction(SIGPIPE, nullptr, &current);
+    return current.sa_handler;
+  };
+  const auto join_alone = [] {
+    Environment env;  // one rank
+    env.master_addr = "127.0.0.1";
+    env.master_port = free_port();
+    rendezvous(env, std::chrono::seconds(20));
+  };
+  struct sigaction saved {};
+  sigaction(SIGPIPE, nullptr, &saved);
+  std::signal(SIGPIPE, SIG_DFL);
+  join_alone();
+  EXPECT_EQ(disposition(), SIG_IGN);
+  std::signal(SIGPIPE, on_sigpipe);
+  join_alone();
+  EXPECT_EQ(disposition(), &on_sigpipe);
+  sigaction(SIGPIPE, &saved, nullptr);
 }
 
 // A transport moves CPU tensors over Gloo and CUDA tensors over NCCL, nothing else; CUDA needs a
