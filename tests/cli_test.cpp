@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <sstream>
 
 namespace gpipe {
@@ -443,6 +444,97 @@ TEST(CommandTest, MissingDevicesAreOneLine) {
   EXPECT_EQ(run_command(train + "cpu,bogus"),
             std::make_pair(2, std::string("gpipe train: --devices: 'bogus' is not a device (e.g. "
                                           "cpu, cuda:0)\n")));
+}
+
+// Runs `gpipe train` with `flags` as `ranks` ranks under `gpipe launch`; returns the exit code
+// and what every rank printed.
+std::pair<int, std::string> train_on_ranks(int ranks, const std::vector<std::string>& flags) {
+  TemporaryDirectory dir;
+  std::string command = std::string(GPIPE_COMMAND) + " launch -n " + std::to_string(ranks) +
+                        " --grace 10 -- " + GPIPE_COMMAND + " train";
+  for (const auto& flag : flags) command += " '" + flag + "'";
+  const int status = std::system((command + " >" + dir.file("output") + " 2>&1").c_str());
+  std::ifstream in(dir.file("output"));
+  std::stringstream output;
+  output << in.rdbuf();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output.str()};
+}
+
+int64_t count(const std::string& text, const std::string& part) {
+  int64_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+// `gpipe train` as the ranks of a multi-process pipeline trains, bit for bit, the model that
+// its worker threads train with the same flags, under each schedule; rank 0 alone reports,
+// with every stage's peak, and writes the outputs: one trace and one timeline of every rank.
+TEST(TrainRanksTest, EqualsTheThreadRun) {
+  TemporaryDirectory dir;
+  const auto flags = tiny_model_flags(tiny_corpus(dir)) + std::vector<std::string>{"--steps", "3"};
+  for (const auto& schedule : std::vector<std::vector<std::string>>{
+           {"--schedule", "1f1b"},
+           {"--schedule", "gpipe", "--checkpoint", "except_last"},
+           {"--schedule", "interleaved_1f1b", "--virtual-stages", "2", "--chunks", "4"},
+           {"--schedule", "zb1p", "--chunks", "6"}}) {
+    SCOPED_TRACE(schedule[1]);
+    const int64_t stages = schedule[1] == "interleaved_1f1b" ? 4 : 2;
+    std::ostringstream out;
+    train(parse_train_config(flags + schedule +
+                             std::vector<std::string>{"--stages", std::to_string(stages), "--save",
+                                                      dir.file("threads.pt")}),
+          out, false);
+    const auto [code, output] =
+        train_on_ranks(2, flags + schedule +
+                              std::vector<std::string>{"--save", dir.file("ranks.pt"), "--trace",
+                                                       dir.file("trace.json"), "--timeline",
+                                                       dir.file("timeline.svg")});
+    ASSERT_EQ(code, 0) << output;
+    const auto threads = load_model(dir.file("threads.pt")).model->parameters();
+    const auto ranks = load_model(dir.file("ranks.pt")).model->parameters();
+    ASSERT_EQ(ranks.size(), threads.size());
+    for (size_t k = 0; k < ranks.size(); ++k) {
+      EXPECT_TRUE(torch::equal(ranks[k], threads[k])) << "parameter " << k;
+    }
+    // --quiet: nothing printed, on any rank. The trace holds both ranks' tasks.
+    EXPECT_EQ(output, "");
+    std::ifstream in(dir.file("trace.json"));
+    const nlohmann::json trace = nlohmann::json::parse(in);
+    std::set<int64_t> workers;
+    for (const auto& event : trace.at("traceEvents")) {
+      if (event.at("ph") == "X") workers.insert(event.at("tid").get<int64_t>());
+    }
+    EXPECT_EQ(workers, (std::set<int64_t>{0, 1}));
+    tinyxml2::XMLDocument svg;
+    EXPECT_EQ(svg.LoadFile(dir.file("timeline.svg").c_str()), tinyxml2::XML_SUCCESS);
+  }
+
+  // Without --quiet, rank 0 alone reports: one summary, every stage's peak.
+  auto loud = flags;
+  loud.erase(std::find(loud.begin(), loud.end(), "--quiet"));
+  const auto [code, output] = train_on_ranks(2, loud);
+  ASSERT_EQ(code, 0) << output;
+  EXPECT_EQ(count(output, "gpipe train: char GPT"), 1) << output;
+  EXPECT_EQ(count(output, "2 stages [2,2] on 2 ranks"), 1) << output;
+  EXPECT_EQ(count(output, "done: 3 steps"), 1) << output;
+  EXPECT_THAT(output, ::testing::HasSubstr("stage 0 "));
+  EXPECT_THAT(output, ::testing::HasSubstr(", stage 1 "));
+  EXPECT_EQ(count(output, "bubble: "), 1) << output;
+}
+
+TEST(TrainRanksTest, StagesMustMatchTheRanks) {
+  for (const auto& [flags, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--stages", "3"},
+            "gpipe train: --stages 3 does not match 2 ranks x --virtual-stages 1 = 2\n"},
+           {{"--devices", "cpu"},
+            "gpipe train: --devices names 1 devices for 2 ranks (one per "
+            "rank)\n"}}) {
+    const auto [code, output] =
+        train_on_ranks(2, flags + std::vector<std::string>{"--steps", "1000000", "--quiet"});
+    EXPECT_NE(code, 0);
+    // Each rank says it.
+    EXPECT_EQ(count(output, message), 2) << output;
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "model_file.h"
 #include "progress.h"
+#include "train_pipeline.h"
 
 #include <gpipe/balance/balance.h>
 #include <gpipe/memory.h>
@@ -112,7 +113,9 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
   option(training, "--lr", c.learning_rate, "AdamW learning rate")->check(greater_than(0));
   option(training, "--seed", c.seed, "for weights and batches")->check(at_least(0));
   const char* pipeline = "pipeline";
-  option(pipeline, "--stages", c.stages, "pipeline stages")->check(at_least(1));
+  option(pipeline, "--stages", c.stages,
+         "pipeline stages (on ranks: WORLD_SIZE x --virtual-stages)")
+      ->check(at_least(1));
   option(pipeline, "--chunks", c.chunks, "micro-batches per step")->check(at_least(1));
   option(pipeline, "--schedule", c.schedule, listed(schedule::schedule_names()))
       ->type_name("NAME")
@@ -124,7 +127,8 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
       ->type_name("MODE")
       ->check(one_of(modes));
   option(pipeline, "--threads", c.threads, "intra-op threads per stage")->check(at_least(1));
-  option(pipeline, "--devices", f.devices, "device of each stage: D[,D...] (default: all cpu)")
+  option(pipeline, "--devices", f.devices,
+         "device of each stage (on ranks: of each rank): D[,D...] (default: all cpu)")
       ->type_name("D");
   const char* output = "output";
   option(output, "--trace", c.trace, "Chrome/Perfetto trace (JSON) of every task")
@@ -175,11 +179,36 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
   }
   c.checkpoint = parse_checkpoint_mode(f.checkpoint);
   if (app->count("--devices") > 0) c.devices = parse_devices(f.devices);
+  if (std::getenv("WORLD_SIZE") != nullptr) {
+    try {
+      c.ranks = distributed::read_environment();
+    } catch (const c10::ValueError& error) {
+      throw UsageError(error.what_without_backtrace());
+    }
+  }
 
-  // Every output is checked now, so that a bad path never costs a whole run.
-  if (!c.save.empty()) check_output_path("--save", c.save);
-  if (!c.trace.empty()) check_output_path("--trace", c.trace);
-  if (!c.timeline.empty()) check_output_path("--timeline", c.timeline);
+  // Every output is checked now, so that a bad path never costs a whole run; on ranks, rank 0
+  // writes them.
+  if (!c.ranks || c.ranks->rank == 0) {
+    if (!c.save.empty()) check_output_path("--save", c.save);
+    if (!c.trace.empty()) check_output_path("--trace", c.trace);
+    if (!c.timeline.empty()) check_output_path("--timeline", c.timeline);
+  }
+
+  if (c.ranks) {
+    // One worker per rank.
+    const int64_t stages = c.ranks->world_size * c.virtual_stages;
+    if (app->count("--stages") == 0) c.stages = stages;
+    if (c.stages != stages) {
+      throw UsageError("--stages " + std::to_string(c.stages) + " does not match " +
+                       std::to_string(c.ranks->world_size) + " ranks x --virtual-stages " +
+                       std::to_string(c.virtual_stages) + " = " + std::to_string(stages));
+    }
+    if (!c.devices.empty() && static_cast<int64_t>(c.devices.size()) != c.ranks->world_size) {
+      throw UsageError("--devices names " + std::to_string(c.devices.size()) + " devices for " +
+                       std::to_string(c.ranks->world_size) + " ranks (one per rank)");
+    }
+  }
 
   // A loaded model's layer count is known only once it is read: train() checks it again.
   const int64_t layers = c.model.num_layers() + 2;
@@ -202,7 +231,7 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
   } catch (const c10::ValueError& error) {
     throw UsageError(error.what_without_backtrace());
   }
-  if (!c.devices.empty() && static_cast<int64_t>(c.devices.size()) != c.stages) {
+  if (!c.ranks && !c.devices.empty() && static_cast<int64_t>(c.devices.size()) != c.stages) {
     throw UsageError("--devices names " + std::to_string(c.devices.size()) +
                      " devices for --stages " + std::to_string(c.stages));
   }
@@ -228,76 +257,55 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   }
   const TextCorpus corpus = TextCorpus::load(c.data, options.block_size() + 1);
   const auto balance = balance::balance_by_count(c.stages, layers);
-  auto tracer = std::make_shared<trace::Tracer>();
-  auto pipeline_options = schedule::PipelineScheduleOptions(c.chunks)
-                              .schedule(schedule::parse_schedule_kind(c.schedule))
-                              .stages_per_worker(c.virtual_stages)
-                              .intra_op_threads(c.threads)
-                              .checkpoint(c.checkpoint)
-                              .devices(c.devices)
-                              .tracer(tracer);
-  schedule::PipelineSchedule pipeline(
-      model, balance,
-      [](const Batch& output, const Batch& target) {
-        return models::char_gpt_loss(output.tensor(), target.tensor());
-      },
-      pipeline_options);
-  torch::optim::AdamW optimizer(model->parameters(),
+  // Every rank builds the whole model from the seed and trains its own stages.
+  const auto pipeline = TrainPipeline::make(c, model, balance);
+  torch::optim::AdamW optimizer(pipeline->parameters(),
                                 torch::optim::AdamWOptions(c.learning_rate).weight_decay(0.01));
+  std::ostringstream elsewhere;  // what the ranks other than rank 0 would print
+  std::ostream& shown = pipeline->reports() ? out : elsewhere;
 
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
   std::string balance_text;
   for (const auto b : balance)
     balance_text += (balance_text.empty() ? "" : ",") + std::to_string(b);
-  out << "gpipe train: char GPT (" << options.num_layers() << " blocks, width "
-      << options.embedding_dim() << ", " << parameters << " parameters) on " << corpus.size()
-      << " bytes from " << corpus.num_files() << " files\n"
-      << "  " << c.stages << " stages [" << balance_text << "], " << c.chunks
-      << " micro-batches, schedule " << c.schedule << ", checkpoint " << c.checkpoint << ", batch "
-      << c.batch_size << " x " << options.block_size() << " bytes, " << c.steps << " steps\n";
+  shown << "gpipe train: char GPT (" << options.num_layers() << " blocks, width "
+        << options.embedding_dim() << ", " << parameters << " parameters) on " << corpus.size()
+        << " bytes from " << corpus.num_files() << " files\n"
+        << "  " << c.stages << " stages [" << balance_text << "] on " << pipeline->workers() << ", "
+        << c.chunks << " micro-batches, schedule " << c.schedule << ", checkpoint " << c.checkpoint
+        << ", batch " << c.batch_size << " x " << options.block_size() << " bytes, " << c.steps
+        << " steps\n";
 
+  // Every rank draws the same batches.
   auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.seed) + 1);
-  ProgressBar progress(out, c.steps, c.batch_size, interactive);
+  ProgressBar progress(shown, c.steps, c.batch_size, interactive && pipeline->reports());
   TrainReport report;
-  // A CPU stage's peak counts what its tasks allocate (the tracking allocator's tags); a CUDA
-  // stage's is its device's (the caching allocator's), shared by the stages on that device.
-  const std::vector<c10::Device> stage_devices =
-      c.devices.empty() ? std::vector<c10::Device>(c.stages, c10::Device(c10::kCPU)) : c.devices;
-  memory::reset_cpu_peak();
-  for (const auto& device : stage_devices) {
-    if (!device.is_cpu()) memory::reset_peak(device);
-  }
   // Each step's events are drained as it ends: the bubble adds up step by step, and only what
-  // --trace or --timeline will write is kept, so a long run does not pile up events.
-  trace::Utilization steady;  // the first step warms up allocators and threads: left out
-  std::vector<trace::Event> kept;
+  // --trace or --timeline will write is kept, so a long run does not pile up events. The first
+  // step warms up allocators and threads: the bubble leaves it out.
   const auto start = std::chrono::steady_clock::now();
   for (int64_t step = 1; step <= c.steps; ++step) {
     auto [input, target] = corpus.batch(c.batch_size, options.block_size(), generator);
     optimizer.zero_grad();
-    const double loss = pipeline.step(input, target).item<double>();
+    const double loss = pipeline->step(input, target).item<double>();
     optimizer.step();
     report.losses.push_back(loss);
     progress.update(step, loss);
-
-    std::vector<trace::Event> events = tracer->events();
-    tracer->clear();
-    report.traced_tasks += static_cast<int64_t>(events.size());
-    if (c.steps == 1 || step > 1) steady += trace::utilization(events);
     const bool drawn = !c.timeline.empty() && step > c.steps - c.timeline_steps;
-    if (!c.trace.empty() || drawn) kept.insert(kept.end(), events.begin(), events.end());
+    pipeline->record_step(/*steady=*/c.steps == 1 || step > 1, !c.trace.empty() || drawn);
   }
   progress.finish();
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report.samples_per_second = static_cast<double>(c.steps * c.batch_size) / report.seconds;
-  for (int64_t s = 0; s < c.stages && s < memory::kMaxTags; ++s) {
-    const c10::Device& device = stage_devices[s];
-    report.peak_bytes_per_stage.push_back(device.is_cpu() ? memory::cpu_peak_bytes(s)
-                                                          : memory::peak_bytes(device));
-  }
+  TrainSummary summary = pipeline->summarize();
+  if (!c.save.empty()) pipeline->gather_model();
+  if (!pipeline->reports()) return report;
+  report.peak_bytes_per_stage = summary.peak_bytes;
+  report.traced_tasks = summary.traced_tasks;
+  const std::vector<trace::Event>& kept = summary.kept;
 
-  report.bubble_fraction = steady.bubble_fraction();
+  report.bubble_fraction = summary.steady.bubble_fraction();
   const int64_t M = std::min(c.chunks, c.batch_size);
   const int64_t workers = c.stages / c.virtual_stages;
   report.bubble_bound =
@@ -332,7 +340,7 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   out << line << "peak memory per stage (allocated by its tasks; on a GPU, by its device):";
   for (size_t s = 0; s < report.peak_bytes_per_stage.size(); ++s) {
     out << (s ? "," : "") << " stage " << s << " " << mib(report.peak_bytes_per_stage[s]);
-    if (!stage_devices[s].is_cpu()) out << " (" << stage_devices[s] << ")";
+    if (!summary.devices[s].is_cpu()) out << " (" << summary.devices[s] << ")";
   }
   std::snprintf(line, sizeof(line),
                 "\nbubble: %.1f%% of worker time idle (%s bound %.1f%%); %lld tasks traced\n",

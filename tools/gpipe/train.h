@@ -1,7 +1,8 @@
 // `gpipe train`: trains the char GPT (models/char_gpt.h) on text, pipelined over stages with an
-// explicit schedule (gpipe::schedule), one worker thread per stage; shows progress, and at the
-// end throughput, peak memory per stage and the measured bubble. Can save the model, write a
-// Chrome trace and an SVG timeline of the tasks.
+// explicit schedule (gpipe::schedule), one worker thread per stage - or, started by gpipe launch
+// or torchrun, as one rank of a multi-process pipeline (train_pipeline.h); shows progress, and
+// at the end throughput, peak memory per stage and the measured bubble. Can save the model,
+// write a Chrome trace and an SVG timeline of the tasks.
 #pragma once
 
 #include "arguments.h"
@@ -9,11 +10,13 @@
 #include "text_corpus.h"
 
 #include <gpipe/checkpoint.h>
+#include <gpipe/distributed/environment.h>
 #include <gpipe/schedule/generators.h>
 
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -28,13 +31,15 @@ struct TrainConfig {
   int64_t batch_size = 32;
   double learning_rate = 2e-3;
   int64_t seed = 0;
-  int64_t stages = 2;
+  int64_t stages = 2;  // on ranks: WORLD_SIZE x virtual_stages
   int64_t chunks = 4;
   std::string schedule = "1f1b";
   int64_t virtual_stages = 1;  // stages per worker, for interleaved_1f1b
   CheckpointMode checkpoint = CheckpointMode::kNever;
-  int64_t threads = 1;  // intra-op threads per stage
-  std::vector<c10::Device> devices;
+  int64_t threads = 1;               // intra-op threads per stage
+  std::vector<c10::Device> devices;  // one per stage; on ranks, one per rank
+  /// Set where WORLD_SIZE is: this process is one rank of a multi-process pipeline.
+  std::optional<distributed::Environment> ranks;
   std::string load;      // start from this saved model
   std::string save;      // save the trained model here
   std::string trace;     // Chrome trace JSON of every task
@@ -43,8 +48,9 @@ struct TrainConfig {
   bool quiet = false;  // no progress or summary
 };
 
-/// Reads the flags of `gpipe train`. Throws UsageError for a bad flag or value, a model with
-/// fewer layers than --stages, or flags that contradict each other.
+/// Reads the flags of `gpipe train`, and the launcher's environment where WORLD_SIZE is set.
+/// Throws UsageError for a bad flag, value or variable, a model with fewer layers than --stages,
+/// or flags that contradict each other or the number of ranks.
 TrainConfig parse_train_config(const std::vector<std::string>& args);
 
 /// The `gpipe train --help` text.
@@ -54,14 +60,16 @@ struct TrainReport {
   std::vector<double> losses;  // per step
   double seconds = 0;
   double samples_per_second = 0;
-  std::vector<int64_t> peak_bytes_per_stage;  // allocated by each stage's tasks
+  std::vector<int64_t> peak_bytes_per_stage;  // allocated by each stage's tasks (on rank 0: all)
   double bubble_fraction = 0;                 // measured, over steps after the first
   double bubble_bound = 0;                    // (S - 1) / (M + S - 1) for one stage per worker
   int64_t traced_tasks = 0;                   // events in the trace
 };
 
 /// Trains as `config` says, printing progress to `out` (redrawn in place when `interactive`)
-/// and a summary at the end. Throws UsageError for unreadable data or model files.
+/// and a summary at the end; on ranks, rank 0 prints and writes every output file, the others
+/// nothing. Throws UsageError for unreadable data or model files, c10::Error naming a failed
+/// rank.
 TrainReport train(const TrainConfig& config, std::ostream& out, bool interactive);
 
 }  // namespace cli
