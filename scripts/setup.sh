@@ -23,6 +23,7 @@ packages=(
 )
 if [[ "$libtorch" == debian ]]; then
   packages+=(libtorch-dev)  # LibTorch 1.13 (CPU), with c10d
+  packages+=(python3-torch)  # its torchrun, for the torchrun tests
 fi
 
 missing=()

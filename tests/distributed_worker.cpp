@@ -4,7 +4,7 @@
 //            [--stages-per-worker V] [--chunks M] [--timeout-ms T] [--checkpoint MODE]
 //            [--data-parallel D]
 //            [--fail-rank R --fail-mode throw|kill|hang|stop|mismatch|kill-connected]
-//            [--rendezvous-timeout-ms T] [--absent-from R] [--trace 1]
+//            [--fail-attempts K] [--rendezvous-timeout-ms T] [--absent-from R] [--trace 1]
 //
 // Trains one step of the model of distributed_model.h (W x V stages of even layers) and
 // writes DIR/loss_rank<r>.pt and DIR/grads_stage<s>_replica<d>.pt (the gradients of the stage's
@@ -13,7 +13,9 @@
 // with the message, DIR/error_time_rank<r> with when it came, and exit status 1. With --fail-rank
 // R, stage R (on rank R) ends in a trap that, on the second micro-batch, throws, SIGKILLs its own
 // process, sleeps for an hour, SIGSTOPs its process, or widens its output; kill-connected SIGKILLs
-// rank R as soon as its PipelineStage is constructed (every rank connected). With --absent-from
+// rank R as soon as its PipelineStage is constructed (every rank connected). With --fail-attempts
+// K, the failure comes only in torchrun's first K attempts (TORCHELASTIC_RESTART_COUNT < K), so
+// that a restarted group succeeds. With --absent-from
 // R, ranks R and above exit at once, never joining. With --trace 1, each rank also writes its
 // tracer's events as DIR/trace_rank<r>.json (trace.h).
 #include "distributed_model.h"
@@ -49,7 +51,7 @@ int fail(const std::string& out, int64_t rank, const std::string& message) {
 int main(int argc, char** argv) {
   std::string out, schedule = "1f1b", fail_mode, checkpoint = "never";
   int64_t stages_per_worker = 1, chunks = 4, timeout_ms = 60000, fail_rank = -1, replicas = 1;
-  int64_t rendezvous_timeout_ms = 60000, absent_from = -1, trace = 0;
+  int64_t rendezvous_timeout_ms = 60000, absent_from = -1, trace = 0, fail_attempts = -1;
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string flag = argv[k];
     const std::string value = argv[k + 1];
@@ -77,7 +79,12 @@ int main(int argc, char** argv) {
       absent_from = std::stoll(value);
     else if (flag == "--trace")
       trace = std::stoll(value);
+    else if (flag == "--fail-attempts")
+      fail_attempts = std::stoll(value);
   }
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const bool failing_attempt =
+      fail_attempts < 0 || std::atoll(attempt ? attempt : "0") < fail_attempts;
   const int64_t rank = std::atoll(std::getenv("RANK") ? std::getenv("RANK") : "0");
   const std::string suffix = "_rank" + std::to_string(rank);
   if (absent_from >= 0 && rank >= absent_from) return 0;
@@ -88,8 +95,8 @@ int main(int argc, char** argv) {
     const int64_t S = world / replicas * stages_per_worker;
     std::vector<int64_t> balance = gpipe::testing::distributed_balance(S);
     // The failing rank's first stage ends in the trap; every rank has it, unarmed elsewhere.
-    torch::nn::Sequential model =
-        gpipe::testing::distributed_model(balance, fail_rank, fail_mode, fail_rank == rank);
+    torch::nn::Sequential model = gpipe::testing::distributed_model(
+        balance, fail_rank, fail_mode, fail_rank == rank && failing_attempt);
     auto [input, target] = gpipe::testing::distributed_batch();
     if (replicas > 1) {
       // Replica d trains on the d-th of `replicas` equal slices of the batch.
@@ -111,7 +118,7 @@ int main(int argc, char** argv) {
             .timeout(std::chrono::milliseconds(timeout_ms))
             .rendezvous_timeout(std::chrono::milliseconds(rendezvous_timeout_ms))
             .tracer(trace != 0 ? std::make_shared<gpipe::trace::Tracer>() : nullptr));
-    if (fail_mode == "kill-connected" && rank == fail_rank) raise(SIGKILL);
+    if (fail_mode == "kill-connected" && rank == fail_rank && failing_attempt) raise(SIGKILL);
     try {
       const torch::Tensor loss = pipe.step(input, target);
       torch::save(loss, out + "/loss" + suffix + ".pt");

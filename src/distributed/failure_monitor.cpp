@@ -114,8 +114,13 @@ int64_t FailureMonitor::silent_rank(int64_t peer, std::string& why) {
 }
 
 std::string FailureMonitor::store_failure(const std::string& error) const {
-  return "rank 0 failed: the store it serves at " + environment_.master_addr + ":" +
-         std::to_string(environment_.master_port) +
+  const std::string address =
+      environment_.master_addr + ":" + std::to_string(environment_.master_port);
+  if (environment_.agent_store) {
+    return "the store torchrun's agent serves at " + address +
+           " is lost or frozen (did the agent stop?) [" + error + "]";
+  }
+  return "rank 0 failed: the store it serves at " + address +
          " is lost or frozen (did the process die or stop?) [" + error + "]";
 }
 
@@ -188,7 +193,7 @@ void FailureMonitor::record(const std::string& line, int64_t failed_peer) {
     // A failed peer will not say it saw the failure: this rank says so for it.
     if (failed_peer >= 0) store_.add(key("seen", failed_peer), 1);
   } catch (const std::exception&) {
-    // The store is gone with rank 0; the others find that out themselves.
+    // The store is gone with its server; the others find that out themselves.
   }
   on_failure_();
 }
@@ -200,7 +205,7 @@ void FailureMonitor::report(const std::string& message) {
     // Another rank's failure first? Then this one is its consequence.
     first = lookup();
   } catch (const std::exception&) {
-    return;  // the store is gone: rank 0 failed, as every rank finds out
+    return;  // the store is gone with its server, as every rank finds out
   }
   if (first) {
     adopt(*first);

@@ -7,7 +7,8 @@
 // waits can be followed to the rank that stopped answering: the first that stopped beating (a
 // stopped or frozen process), else the first that waits for nobody (it hangs in its own code).
 // Every store call goes through a BoundedStore: a store that does not answer within the
-// timeout, like one that is gone, is the failure of rank 0, which serves it.
+// timeout, like one that is gone, is the failure of rank 0, which serves it (or, under torchrun,
+// of the agent that does).
 //
 // Closing: without a failure every rank says it closed, and rank 0 stays until all have (it
 // serves the store); after one, rank 0 stays until every rank has seen the failure, or they

@@ -53,15 +53,16 @@ std::string seconds(std::chrono::milliseconds duration) {
 void wait_for_ranks(c10d::Store& store, const Environment& env,
                     std::chrono::steady_clock::time_point deadline, const std::string& where) {
   using Clock = std::chrono::steady_clock;
-  const std::string joined = "gpipe/rendezvous/joined";
-  const std::string failed = "gpipe/rendezvous/failed";
-  const std::string read = "gpipe/rendezvous/failure_read";
-  // Counters only, so no call waits for a key; a call that fails lost rank 0, which serves them.
+  const std::string joined = "rendezvous/joined";
+  const std::string failed = "rendezvous/failed";
+  const std::string read = "rendezvous/failure_read";
+  // Counters only, so no call waits for a key; a call that fails lost the store's server.
   auto add = [&](const std::string& key, int64_t value) {
     try {
       return store.add(key, value);
     } catch (const std::exception& error) {
-      TORCH_CHECK(false, where, ": lost rank 0, which serves it [", detail::message_of(error), "]");
+      TORCH_CHECK(false, where, ": lost ", env.store_server(), ", which serves it [",
+                  detail::message_of(error), "]");
     }
   };
   add(joined + "/" + std::to_string(env.rank), 1);
@@ -108,27 +109,32 @@ void ignore_sigpipe() {
 ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeout) {
   ignore_sigpipe();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const std::string where = "rendezvous at " + env.master_addr + ":" +
-                            std::to_string(env.master_port) + " timed out after " +
-                            seconds(timeout);
+  const std::string address = env.master_addr + ":" + std::to_string(env.master_port);
+  const std::string where = "rendezvous at " + address + " timed out after " + seconds(timeout);
+  const bool serves = env.rank == 0 && !env.agent_store;
   ProcessGroup result;
   result.environment = env;
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(env.master_port);
-  options.isServer = env.rank == 0;
+  options.isServer = serves;
   options.numWorkers = static_cast<std::size_t>(env.world_size);
   options.waitWorkers = false;  // counted below, to name the ranks that did not come
   options.timeout = timeout;
+  c10::intrusive_ptr<c10d::Store> store;
   try {
-    result.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
   } catch (const std::exception& error) {
-    TORCH_CHECK(false,
-                env.rank == 0 ? "rank 0 could not serve the rendezvous at " + env.master_addr +
-                                    ":" + std::to_string(env.master_port) + " (is the port taken?)"
-                              : where + ": rank " + std::to_string(env.rank) +
-                                    " could not reach rank 0, which serves it",
-                " [", detail::message_of(error), "]");
+    TORCH_CHECK(
+        false,
+        serves ? "rank 0 could not serve the rendezvous at " + address + " (is the port taken?)"
+               : where + ": rank " + std::to_string(env.rank) + " could not reach " +
+                     env.store_server() + ", which serves it",
+        " [", detail::message_of(error), "]");
   }
+  // A restarted group meets again in torchrun's store, which outlives its ranks: each attempt
+  // keeps to keys of its own.
+  result.store = c10::make_intrusive<c10d::PrefixStore>(
+      "gpipe/" + env.run_id + "/attempt_" + std::to_string(env.restart_count), store);
   wait_for_ranks(*result.store, env, deadline, where);
   auto gloo = c10d::ProcessGroupGloo::Options::create(timeout);
   gloo->devices.push_back(gloo_device(env));
@@ -138,7 +144,7 @@ ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeou
   } catch (const std::exception& error) {
     TORCH_CHECK(false, "rank ", env.rank, " could not connect the Gloo process group of ",
                 env.world_size, " ranks (timeout ", timeout.count(), " ms; a rank that is gone, ",
-                "or rank 0, which serves the store at ", env.master_addr, ":", env.master_port,
+                "or ", env.store_server(), ", which serves the store at ", address,
                 "?): ", detail::message_of(error));
   }
   return result;

@@ -41,23 +41,6 @@ void on_signal(int signal) { g_signal = signal; }
   std::exit(2);
 }
 
-// A port that nothing listens on now (the kernel picks it).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    std::perror((g_name + ": cannot find a free port").c_str());
-    std::exit(1);
-  }
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
 std::string describe(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
@@ -116,7 +99,10 @@ int launch(const std::vector<std::string>& args, const std::string& name) {
   std::vector<char*> argv;
   for (auto& word : program) argv.push_back(word.data());
   argv.push_back(nullptr);
-  if (port == 0) port = free_port();
+  if (port == 0 && (port = free_port()) == 0) {
+    std::perror((g_name + ": cannot find a free port").c_str());
+    return 1;
+  }
 
   struct sigaction action {};
   action.sa_handler = on_signal;
@@ -138,6 +124,9 @@ int launch(const std::vector<std::string>& args, const std::string& name) {
       setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
       setenv("MASTER_ADDR", addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      setenv("GROUP_RANK", "0", 1);
+      // Rank 0 serves the store, even where this launcher itself runs under torchrun.
+      unsetenv("TORCHELASTIC_USE_AGENT_STORE");
       execvp(argv[0], argv.data());
       std::fprintf(stderr, "%s: cannot run %s: %s\n", g_name.c_str(), argv[0],
                    std::strerror(errno));
@@ -192,6 +181,20 @@ int launch(const std::vector<std::string>& args, const std::string& name) {
     return 1;
   }
   return g_signal != 0 ? 128 + g_signal : 0;
+}
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  const bool found = fd >= 0 &&
+                     bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                     getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  if (fd >= 0) close(fd);
+  return found ? ntohs(address.sin_port) : 0;
 }
 
 }  // namespace launcher

@@ -14,5 +14,8 @@ namespace launcher {
 /// prints the usage on stdout and returns 0.
 int launch(const std::vector<std::string>& args, const std::string& name);
 
+/// A port of 127.0.0.1 that nothing listens on now (the kernel picks it); 0 if none was had.
+int free_port();
+
 }  // namespace launcher
 }  // namespace gpipe

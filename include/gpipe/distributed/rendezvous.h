@@ -1,11 +1,12 @@
 // Rendezvous: connects the processes of one job, as torch.distributed's env:// init does.
 //
-// Rank 0 serves a c10d::TCPStore on MASTER_PORT; every rank connects to it at MASTER_ADDR and
-// waits until all WORLD_SIZE ranks have joined. Over that store the ranks build a
-// c10d::ProcessGroupGloo (full mesh of TCP connections) for CPU tensors. Gloo binds to the
-// interface named by GLOO_SOCKET_IFNAME if set, to loopback when MASTER_ADDR is a loopback
-// address, and otherwise to the address this machine's hostname resolves to. CUDA tensors travel
-// over NCCL backends made on demand over the same store (new_nccl_backend).
+// Rank 0 serves a c10d::TCPStore on MASTER_PORT (under torchrun, its agent already does:
+// environment.h); every rank connects to it at MASTER_ADDR and waits until all WORLD_SIZE ranks
+// have joined. The keys of each attempt of a group torchrun restarts stay apart. Over that store
+// the ranks build a c10d::ProcessGroupGloo (full mesh of TCP connections) for CPU tensors. Gloo
+// binds to the interface named by GLOO_SOCKET_IFNAME if set, to loopback when MASTER_ADDR is a
+// loopback address, and otherwise to the address this machine's hostname resolves to. CUDA tensors
+// travel over NCCL backends made on demand over the same store (new_nccl_backend).
 //
 // Thread safety: the store is safe to use from several threads (TCPStore serializes its calls);
 // the process group's calls are issued by one thread at a time (the pipeline's worker).
@@ -39,12 +40,14 @@ struct ProcessGroup {
   int64_t world_size() const { return environment.world_size; }
 };
 
-/// Connects to the other ranks of `env` (rank 0 serves the store), waiting at most `timeout`
-/// for all of them; the process group's operations time out after `timeout` as well. Throws
-/// c10::Error naming MASTER_ADDR:MASTER_PORT and the ranks that did not join if they do not all
-/// join in time (rank 0 then stays up to a second more, until the others have read that).
-/// Sets SIGPIPE to ignored unless the program handles it (as Python does at startup), so that a
-/// peer that dies mid-send is an error naming it, not the death of this process.
+/// Connects to the other ranks of `env` (rank 0 or torchrun's agent serves the store), waiting at
+/// most `timeout` for all of them; the process group's operations time out after `timeout` as
+/// well. The result's `store` holds this attempt's keys only (under
+/// "gpipe/<run id>/attempt_<restart count>/"). Throws c10::Error naming MASTER_ADDR:MASTER_PORT and
+/// the ranks that did not join if they do not all join in time (rank 0 then stays up to a second
+/// more, until the others have read that). Sets SIGPIPE to ignored unless the program handles it
+/// (as Python does at startup), so that a peer that dies mid-send is an error naming it, not the
+/// death of this process.
 ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeout);
 
 /// A Gloo process group among `ranks` of `world` (like torch.distributed.new_group), whose

@@ -1,0 +1,200 @@
+// Tests of PipelineStage under torchrun, as users launch it: static rendezvous (torchrun's
+// default), --standalone and the c10d rendezvous backend, on one machine and as two "machines"
+// on loopback, and a group that torchrun restarts after a rank fails. Every run's losses and
+// gradients equal, bitwise, those of the same workers under gpipe_launch; so does the model that
+// `gpipe train` trains under torchrun. GPIPE_TORCHRUN (tests/CMakeLists.txt) is the torch
+// wheel's torchrun for LibTorch 2.x, Debian's (python3-torch) for 1.13; without it they skip.
+#include "test_util.h"
+
+#include "distributed_launch.h"
+#include "launcher.h"
+#include "model_file.h"
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gpipe {
+namespace distributed {
+namespace {
+
+// torchrun's flags are spelled as both 1.13 and 2.x read them (2.x reads --nproc-per-node too).
+// GPIPE_TORCHRUN_FLAGS: what that torchrun needs besides (Debian's 1.13: --redirects 1 --tee 1).
+const std::string kTorchrunFlags = GPIPE_TORCHRUN_FLAGS;
+
+// The worker's arguments of every test: one step of 1F1B over 4 micro-batches.
+const std::string kWorkerArgs = "--schedule 1f1b --chunks 4 --timeout-ms 60000";
+
+using launcher::free_port;
+
+struct Torchrun {
+  std::vector<int> exit_codes;  // one per machine
+  std::string output;           // every machine's torchrun output, in order
+  std::string dir;              // where the ranks wrote their files
+};
+
+// Runs one torchrun per entry of `machines` (its own flags), all at once, each starting the
+// worker with `worker_args` and --out.
+Torchrun run_torchrun(const std::vector<std::string>& machines, const std::string& worker_args) {
+  Torchrun run;
+  run.dir = testing::make_temp_dir();
+  run.exit_codes.assign(machines.size(), -1);
+  std::vector<std::thread> threads;
+  for (size_t m = 0; m < machines.size(); ++m) {
+    threads.emplace_back([&run, &machines, &worker_args, m] {
+      const std::string command = std::string(GPIPE_TORCHRUN) + " " + kTorchrunFlags + " " +
+                                  machines[m] + " --no_python " + GPIPE_DISTRIBUTED_WORKER +
+                                  " --out " + run.dir + " " + worker_args + " > " + run.dir +
+                                  "/machine" + std::to_string(m) + ".log 2>&1";
+      const int status = std::system(command.c_str());
+      run.exit_codes[m] = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (size_t m = 0; m < machines.size(); ++m) {
+    run.output += "--- machine " + std::to_string(m) + " (torchrun " + machines[m] + ")\n" +
+                  testing::read_text(run.dir + "/machine" + std::to_string(m) + ".log");
+  }
+  return run;
+}
+
+at::Tensor load_tensor(const std::string& path) {
+  at::Tensor tensor;
+  torch::load(tensor, path);
+  return tensor;
+}
+
+std::vector<at::Tensor> load_tensors(const std::string& path) {
+  std::vector<at::Tensor> tensors;
+  torch::load(tensors, path);
+  return tensors;
+}
+
+// Both ranks succeeded, and every loss and gradient file of `actual` equals `expected`'s, bit
+// for bit.
+void expect_same_results(const std::string& actual, const std::string& expected) {
+  for (int r = 0; r < 2; ++r) {
+    const std::string rank = std::to_string(r);
+    EXPECT_TRUE(testing::read_text(actual + "/ok_rank" + rank).size() > 0) << "rank " << r;
+    EXPECT_TRUE(torch::equal(load_tensor(actual + "/loss_rank" + rank + ".pt"),
+                             load_tensor(expected + "/loss_rank" + rank + ".pt")))
+        << "rank " << r;
+    const auto grads = load_tensors(actual + "/grads_stage" + rank + "_replica0.pt");
+    const auto want = load_tensors(expected + "/grads_stage" + rank + "_replica0.pt");
+    ASSERT_EQ(grads.size(), want.size()) << "stage " << r;
+    for (size_t k = 0; k < grads.size(); ++k) {
+      EXPECT_TRUE(torch::equal(grads[k], want[k])) << "stage " << r << ", parameter " << k;
+    }
+  }
+}
+
+// Runs the worker under torchrun on each machine's flags and under gpipe_launch, and compares.
+// Returns the torchrun run's folder.
+std::string expect_like_launcher(const std::vector<std::string>& machines,
+                                 const std::string& worker_args = kWorkerArgs,
+                                 const std::string& launcher_args = kWorkerArgs) {
+  const testing::Launch launch = testing::launch_workers(2, launcher_args);
+  EXPECT_EQ(launch.exit_code, 0) << launch.output;
+  const Torchrun run = run_torchrun(machines, worker_args);
+  for (size_t m = 0; m < machines.size(); ++m) {
+    EXPECT_EQ(run.exit_codes[m], 0) << run.output;
+  }
+  if (!::testing::Test::HasFailure()) expect_same_results(run.dir, launch.dir);
+  return run.dir;
+}
+
+std::string port_flag(const char* flag, int port) {
+  return std::string(flag) + " " + std::to_string(port);
+}
+
+class TorchrunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string(GPIPE_TORCHRUN).empty()) {
+      GTEST_SKIP() << "no torchrun: scripts/setup.sh installs the torch wheel's (LibTorch 2.x) "
+                      "and Debian's python3-torch (LibTorch 1.13)";
+    }
+  }
+};
+
+TEST_F(TorchrunTest, StaticRendezvous) {
+  // torchrun's agent serves the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True).
+  expect_like_launcher({"--nproc_per_node 2 " + port_flag("--master_port", free_port())});
+}
+
+TEST_F(TorchrunTest, Standalone) { expect_like_launcher({"--standalone --nproc_per_node 2"}); }
+
+TEST_F(TorchrunTest, C10dRendezvous) {
+  expect_like_launcher({"--nnodes 1 --nproc_per_node 2 --rdzv_backend c10d --rdzv_endpoint " +
+                        std::string("127.0.0.1:") + std::to_string(free_port())});
+}
+
+TEST_F(TorchrunTest, TwoMachinesStaticRendezvous) {
+  const std::string port = std::to_string(free_port());
+  std::vector<std::string> machines;
+  for (int node = 0; node < 2; ++node) {
+    machines.push_back("--nnodes 2 --node_rank " + std::to_string(node) +
+                       " --master_addr 127.0.0.1 --master_port " + port + " --nproc_per_node 1");
+  }
+  expect_like_launcher(machines);
+}
+
+TEST_F(TorchrunTest, TwoMachinesC10dRendezvous) {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  const std::string machine =
+      "--nnodes 2 --nproc_per_node 1 --rdzv_backend c10d --rdzv_id gpipe --rdzv_endpoint " +
+      endpoint;
+  expect_like_launcher({machine, machine});
+}
+
+// Rank 1 fails in the first attempt (throws, or is killed); torchrun restarts the group, which
+// meets again in the agent's store, where the first attempt's keys (its failure among them)
+// must not count.
+TEST_F(TorchrunTest, RestartedGroupKeepsAttemptsApart) {
+  for (const std::string mode : {"throw", "kill"}) {
+    SCOPED_TRACE(mode);
+    const std::string fail = " --fail-rank 1 --fail-mode " + mode;
+    const std::string dir = expect_like_launcher(
+        {"--nproc_per_node 2 --max_restarts 1 " + port_flag("--master_port", free_port())},
+        kWorkerArgs + fail + " --fail-attempts 1", kWorkerArgs + fail + " --fail-attempts 0");
+    // The first attempt did fail (a killed rank leaves no word).
+    if (mode == "throw") {
+      EXPECT_NE(testing::read_text(dir + "/error_rank1").find("injected failure"),
+                std::string::npos);
+    }
+  }
+}
+
+// `gpipe train` under torchrun trains what it trains under gpipe launch, bit for bit.
+TEST_F(TorchrunTest, GpipeTrain) {
+  const std::string dir = testing::make_temp_dir();
+  std::string text;
+  for (int k = 0; k < 200; ++k) text += "the quick brown fox jumps over the lazy dog. ";
+  std::ofstream(dir + "/corpus.txt") << text;
+  const std::string train = std::string(GPIPE_COMMAND) + " train --data " + dir +
+                            "/corpus.txt --layers 2 --embedding-dim 32 --heads 2 --block-size 16 "
+                            "--batch-size 16 --steps 3 --quiet --save " +
+                            dir;
+  const std::string torchrun = std::string(GPIPE_TORCHRUN) + " " + kTorchrunFlags +
+                               " --nproc_per_node 2 --master_port " + std::to_string(free_port()) +
+                               " --no_python " + train + "/torchrun.pt > " + dir +
+                               "/torchrun.log 2>&1";
+  ASSERT_EQ(std::system(torchrun.c_str()), 0) << testing::read_text(dir + "/torchrun.log");
+  const std::string launch = std::string(GPIPE_COMMAND) + " launch -n 2 -- " + train +
+                             "/launch.pt > " + dir + "/launch.log 2>&1";
+  ASSERT_EQ(std::system(launch.c_str()), 0) << testing::read_text(dir + "/launch.log");
+  const auto expected = cli::load_model(dir + "/launch.pt").model->parameters();
+  const auto actual = cli::load_model(dir + "/torchrun.pt").model->parameters();
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t k = 0; k < actual.size(); ++k) {
+    EXPECT_TRUE(torch::equal(actual[k], expected[k])) << "parameter " << k;
+  }
+}
+
+}  // namespace
+}  // namespace distributed
+}  // namespace gpipe
