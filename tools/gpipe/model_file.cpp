@@ -1,6 +1,7 @@
 #include "model_file.h"
 
 #include "arguments.h"
+#include "atomic_file.h"
 
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -29,15 +30,10 @@ void save_model(const std::string& path, torch::nn::Sequential& model,
   write("num_heads", static_cast<double>(options.num_heads()));
   write("num_layers", static_cast<double>(options.num_layers()));
   write("dropout", options.dropout());
-  // Written beside the target and renamed over it, so that a failed save (a full disk, a crash)
-  // leaves the previous model whole.
-  const std::string partial = path + ".partial";
+  // A failed save (a full disk, a crash) leaves the previous model whole.
   try {
-    archive.save_to(partial);
-    std::filesystem::rename(partial, path);
+    write_atomically(path, [&](const std::string& temporary) { archive.save_to(temporary); });
   } catch (const std::exception& error) {
-    std::error_code ignored;
-    std::filesystem::remove(partial, ignored);
     const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
     throw std::runtime_error("cannot save the model to '" + path + "' (" +
                              (c10_error ? c10_error->what_without_backtrace() : error.what()) +
