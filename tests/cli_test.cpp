@@ -6,6 +6,7 @@
 #include "arguments.h"
 #include "generate.h"
 #include "model_file.h"
+#include "same_model.h"
 #include "text_corpus.h"
 #include "train.h"
 
@@ -490,12 +491,7 @@ TEST(TrainRanksTest, EqualsTheThreadRun) {
                                                        dir.file("trace.json"), "--timeline",
                                                        dir.file("timeline.svg")});
     ASSERT_EQ(code, 0) << output;
-    const auto threads = load_model(dir.file("threads.pt")).model->parameters();
-    const auto ranks = load_model(dir.file("ranks.pt")).model->parameters();
-    ASSERT_EQ(ranks.size(), threads.size());
-    for (size_t k = 0; k < ranks.size(); ++k) {
-      EXPECT_TRUE(torch::equal(ranks[k], threads[k])) << "parameter " << k;
-    }
+    testing::expect_same_model(dir.file("ranks.pt"), dir.file("threads.pt"));
     // --quiet: nothing printed, on any rank. The trace holds both ranks' tasks.
     EXPECT_EQ(output, "");
     std::ifstream in(dir.file("trace.json"));
@@ -534,6 +530,98 @@ TEST(TrainRanksTest, StagesMustMatchTheRanks) {
     EXPECT_NE(code, 0);
     // Each rank says it.
     EXPECT_EQ(count(output, message), 2) << output;
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Stopped after 3 of 6 steps and resumed from the snapshot, training ends where it ends
+// uninterrupted, bit for bit: on threads, and on 2 ranks. A save that a crash cut short (its
+// files there, DIR/latest not yet moved) is passed over for the snapshot before.
+TEST(TrainSnapshotTest, ResumeEqualsUninterrupted) {
+  TemporaryDirectory dir;
+  const auto flags = tiny_model_flags(tiny_corpus(dir));
+  const auto steps = [](int n) { return std::vector<std::string>{"--steps", std::to_string(n)}; };
+  std::ostringstream out;
+  train(parse_train_config(flags + steps(6) + std::vector<std::string>{"--save", dir.file("a.pt")}),
+        out, false);
+
+  const std::vector<std::string> save = {"--save-every", "3", "--snapshot-dir",
+                                         dir.file("threads")};
+  const TrainReport first = train(parse_train_config(flags + steps(3) + save), out, false);
+  EXPECT_EQ(first.resumed_step, 0);
+  EXPECT_EQ(read_file(dir.file("threads/latest")), "step-00000003\n");
+  // A crash while saving step 6: its folder and a partial file, DIR/latest unchanged.
+  fs::create_directories(dir.file("threads/step-00000006"));
+  write_text(dir.file("threads/step-00000006/rank-0.pt.partial"), "cut short");
+  const TrainReport resumed = train(
+      parse_train_config(flags + steps(6) + save +
+                         std::vector<std::string>{"--resume", "--save", dir.file("threads.pt")}),
+      out, false);
+  EXPECT_EQ(resumed.resumed_step, 3);
+  EXPECT_EQ(resumed.losses.size(), 3u);
+  testing::expect_same_model(dir.file("threads.pt"), dir.file("a.pt"));
+
+  // On ranks: the uninterrupted run is the threads' (TrainRanksTest).
+  const std::vector<std::string> on_ranks = {"--save-every", "3", "--snapshot-dir",
+                                             dir.file("ranks")};
+  ASSERT_EQ(train_on_ranks(2, flags + steps(3) + on_ranks).first, 0);
+  EXPECT_TRUE(fs::exists(dir.file("ranks/step-00000003/rank-1.pt")));
+  const auto [code, output] =
+      train_on_ranks(2, flags + steps(6) + on_ranks +
+                            std::vector<std::string>{"--resume", "--save", dir.file("ranks.pt")});
+  ASSERT_EQ(code, 0) << output;
+  testing::expect_same_model(dir.file("ranks.pt"), dir.file("a.pt"));
+
+  // --resume without a snapshot starts from the start: one command line for every restart.
+  const TrainReport fresh = train(
+      parse_train_config(flags + steps(2) +
+                         std::vector<std::string>{"--resume", "--snapshot-dir", dir.file("none")}),
+      out, false);
+  EXPECT_EQ(fresh.resumed_step, 0);
+  EXPECT_EQ(fresh.losses.size(), 2u);
+}
+
+// A snapshot of another kind of run is refused, naming each difference, and left as it was.
+TEST(TrainSnapshotTest, MismatchIsNamedAndNothingChanges) {
+  TemporaryDirectory dir;
+  const auto flags = tiny_model_flags(tiny_corpus(dir)) +
+                     std::vector<std::string>{"--steps",        "2",           "--save-every", "2",
+                                              "--snapshot-dir", dir.file("ck")};
+  std::ostringstream out;
+  train(parse_train_config(flags), out, false);
+  const std::string saved = read_file(dir.file("ck/step-00000002/rank-0.pt"));
+  const std::string snapshot = dir.file("ck/step-00000002");
+  GPIPE_EXPECT_THROW_WITH(
+      train(parse_train_config(flags + std::vector<std::string>{"--resume", "--stages", "3",
+                                                                "--schedule", "gpipe"}),
+            out, false),
+      UsageError,
+      "--resume: the snapshot " + snapshot +
+          " does not fit this run: balance [2,2], this run [2,1,1]; schedule 1f1b, this run "
+          "gpipe; nothing was loaded");
+  // Threads' snapshot, ranks' run: each rank says so, exit 2.
+  const auto [code, output] = train_on_ranks(2, flags + std::vector<std::string>{"--resume"});
+  EXPECT_EQ(code, 1) << output;  // the launcher: a rank failed
+  EXPECT_EQ(count(output, "gpipe train: --resume: the snapshot " + snapshot +
+                              " does not fit this run: engine threads, this run ranks; world size "
+                              "1, this run 2; nothing was loaded\n"),
+            2)
+      << output;
+  EXPECT_EQ(read_file(dir.file("ck/step-00000002/rank-0.pt")), saved);
+  EXPECT_EQ(read_file(dir.file("ck/latest")), "step-00000002\n");
+
+  for (const auto& [bad, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--save-every", "2"}, "--save-every needs --snapshot-dir DIR"},
+           {{"--resume"}, "--resume needs --snapshot-dir DIR"},
+           {{"--snapshot-dir", dir.file("x")}, "--snapshot-dir needs --save-every N or --resume"},
+           {{"--save-every", "2", "--snapshot-dir", dir.file("ck/latest")},
+            "--snapshot-dir '" + dir.file("ck/latest") + "': "}}) {
+    GPIPE_EXPECT_THROW_WITH(parse_train_config(tiny_model_flags(dir.file("corpus.txt")) + bad),
+                            UsageError, message);
   }
 }
 

@@ -9,11 +9,16 @@
 #include "distributed_launch.h"
 #include "launcher.h"
 #include "model_file.h"
+#include "same_model.h"
 
+#include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -169,16 +174,21 @@ TEST_F(TorchrunTest, RestartedGroupKeepsAttemptsApart) {
   }
 }
 
-// `gpipe train` under torchrun trains what it trains under gpipe launch, bit for bit.
-TEST_F(TorchrunTest, GpipeTrain) {
-  const std::string dir = testing::make_temp_dir();
+// `gpipe train` of a tiny model for `steps` steps on a text it writes into `dir`, quietly.
+std::string tiny_train(const std::string& dir, int steps) {
   std::string text;
   for (int k = 0; k < 200; ++k) text += "the quick brown fox jumps over the lazy dog. ";
   std::ofstream(dir + "/corpus.txt") << text;
-  const std::string train = std::string(GPIPE_COMMAND) + " train --data " + dir +
-                            "/corpus.txt --layers 2 --embedding-dim 32 --heads 2 --block-size 16 "
-                            "--batch-size 16 --steps 3 --quiet --save " +
-                            dir;
+  return std::string(GPIPE_COMMAND) + " train --data " + dir +
+         "/corpus.txt --layers 2 --embedding-dim 32 --heads 2 --block-size 16 --batch-size 16 "
+         "--quiet --steps " +
+         std::to_string(steps);
+}
+
+// `gpipe train` under torchrun trains what it trains under gpipe launch, bit for bit.
+TEST_F(TorchrunTest, GpipeTrain) {
+  const std::string dir = testing::make_temp_dir();
+  const std::string train = tiny_train(dir, 3) + " --save " + dir;
   const std::string torchrun = std::string(GPIPE_TORCHRUN) + " " + kTorchrunFlags +
                                " --nproc_per_node 2 --master_port " + std::to_string(free_port()) +
                                " --no_python " + train + "/torchrun.pt > " + dir +
@@ -187,11 +197,56 @@ TEST_F(TorchrunTest, GpipeTrain) {
   const std::string launch = std::string(GPIPE_COMMAND) + " launch -n 2 -- " + train +
                              "/launch.pt > " + dir + "/launch.log 2>&1";
   ASSERT_EQ(std::system(launch.c_str()), 0) << testing::read_text(dir + "/launch.log");
-  const auto expected = cli::load_model(dir + "/launch.pt").model->parameters();
-  const auto actual = cli::load_model(dir + "/torchrun.pt").model->parameters();
-  ASSERT_EQ(actual.size(), expected.size());
-  for (size_t k = 0; k < actual.size(); ++k) {
-    EXPECT_TRUE(torch::equal(actual[k], expected[k])) << "parameter " << k;
+  testing::expect_same_model(dir + "/torchrun.pt", dir + "/launch.pt");
+}
+
+// The process of a rank of `gpipe train` whose command line names `marker`; -1 if none.
+pid_t find_rank(const std::string& marker) {
+  namespace fs = std::filesystem;
+  const fs::path command = fs::canonical(GPIPE_COMMAND);
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    std::error_code error;
+    if (fs::read_symlink(entry.path() / "exe", error) != command || error) continue;
+    const std::string cmdline = testing::read_text((entry.path() / "cmdline").string());
+    if (cmdline.find(marker) == std::string::npos) continue;
+    return static_cast<pid_t>(std::stol(entry.path().filename().string()));
+  }
+  return -1;
+}
+
+// A rank of `gpipe train` killed at a random step (5 seeds): torchrun restarts the group, which
+// resumes from the last complete snapshot and trains, bit for bit, what a run that nobody
+// interrupted trains.
+TEST_F(TorchrunTest, KilledRankResumesFromTheLastSnapshot) {
+  namespace fs = std::filesystem;
+  const std::string dir = testing::make_temp_dir();
+  const std::string train = tiny_train(dir, 100);
+  const std::string launch = std::string(GPIPE_COMMAND) + " launch -n 2 -- " + train + " --save " +
+                             dir + "/expected.pt > " + dir + "/launch.log 2>&1";
+  ASSERT_EQ(std::system(launch.c_str()), 0) << testing::read_text(dir + "/launch.log");
+  for (unsigned seed = 0; seed < 5; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const std::string run = dir + "/run" + std::to_string(seed);
+    const std::string torchrun = std::string(GPIPE_TORCHRUN) + " " + kTorchrunFlags +
+                                 " --max_restarts 1 --nproc_per_node 2 --master_port " +
+                                 std::to_string(free_port()) + " --no_python " + train +
+                                 " --save-every 10 --resume --snapshot-dir " + run + " --save " +
+                                 run + ".pt > " + run + ".log 2>&1";
+    int status = -1;
+    std::thread torchrun_thread([&] { status = std::system(torchrun.c_str()); });
+    // After the first snapshot, a random while more: between steps 10 and about 50.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!fs::exists(run + "/latest") && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::mt19937 random(seed);
+    std::this_thread::sleep_for(std::chrono::milliseconds(random() % 1500));
+    const pid_t rank = find_rank(run);
+    const bool killed = rank > 0 && kill(rank, SIGKILL) == 0;
+    torchrun_thread.join();
+    EXPECT_TRUE(killed) << "no rank to kill: the run ended first";
+    ASSERT_EQ(status, 0) << testing::read_text(run + ".log");
+    testing::expect_same_model(run + ".pt", dir + "/expected.pt");
   }
 }
 

@@ -18,23 +18,25 @@ std::string clock_time(double seconds) {
 }  // namespace
 
 ProgressBar::ProgressBar(std::ostream& out, int64_t total, int64_t samples_per_step,
-                         bool interactive)
+                         bool interactive, int64_t first)
     : out_(out),
       total_(total),
       samples_per_step_(samples_per_step),
       interactive_(interactive),
+      first_(first),
       start_(std::chrono::steady_clock::now()) {}
 
 void ProgressBar::update(int64_t step, double loss) {
   // An exponential average: single-batch losses jump around.
-  smoothed_loss_ = step == 1 ? loss : 0.9 * smoothed_loss_ + 0.1 * loss;
+  smoothed_loss_ = step == first_ ? loss : 0.9 * smoothed_loss_ + 0.1 * loss;
   const bool due = interactive_ ? true : step == total_ || step * 10 / total_ > last_printed_;
   if (!due) return;
   last_printed_ = step * 10 / total_;
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  const double rate = elapsed > 0 ? static_cast<double>(step * samples_per_step_) / elapsed : 0;
-  const double eta = step > 0 ? elapsed / static_cast<double>(step) * (total_ - step) : 0;
+  const int64_t done = step - first_ + 1;  // by this run
+  const double rate = elapsed > 0 ? static_cast<double>(done * samples_per_step_) / elapsed : 0;
+  const double eta = done > 0 ? elapsed / static_cast<double>(done) * (total_ - step) : 0;
   constexpr int kWidth = 24;
   const auto filled = static_cast<int>(kWidth * step / total_);
   char line[160];

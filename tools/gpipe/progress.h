@@ -11,8 +11,10 @@ namespace cli {
 
 class ProgressBar {
  public:
-  /// `total` steps of `samples_per_step` samples; `interactive`: redraw one line with '\r'.
-  ProgressBar(std::ostream& out, int64_t total, int64_t samples_per_step, bool interactive);
+  /// `total` steps of `samples_per_step` samples, starting at step `first` (after a resume);
+  /// `interactive`: redraw one line with '\r'.
+  ProgressBar(std::ostream& out, int64_t total, int64_t samples_per_step, bool interactive,
+              int64_t first = 1);
 
   /// Step `step` (1-based) is done with `loss`.
   void update(int64_t step, double loss);
@@ -25,6 +27,7 @@ class ProgressBar {
   int64_t total_;
   int64_t samples_per_step_;
   bool interactive_;
+  int64_t first_;
   std::chrono::steady_clock::time_point start_;
   double smoothed_loss_ = 0;
   int64_t last_printed_ = 0;

@@ -3,6 +3,7 @@
 #include "model_file.h"
 #include "progress.h"
 #include "train_pipeline.h"
+#include "train_snapshot.h"
 
 #include <gpipe/balance/balance.h>
 #include <gpipe/memory.h>
@@ -67,6 +68,16 @@ void write_file(const std::string& path, const std::function<void(std::ostream&)
   if (!out) throw UsageError("cannot write '" + path + "'");
   write(out);
   if (!out) throw UsageError("cannot write '" + path + "'");
+}
+
+// The snapshots' folder exists, or is made now; on ranks, on every machine.
+void check_snapshot_dir(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error || !std::filesystem::is_directory(dir)) {
+    throw UsageError("--snapshot-dir '" + dir +
+                     "': " + (error ? "cannot make it: " + error.message() : "not a folder"));
+  }
 }
 
 // Where the flags land before parse_train_config() checks them together.
@@ -138,6 +149,14 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
   option(output, "--timeline-steps", c.timeline_steps, "steps the timeline draws")
       ->check(at_least(1));
   app->add_flag("--quiet", c.quiet, "print nothing: no progress line, no summary")->group(output);
+  const char* snapshots = "snapshots of training, to resume from (on threads and on ranks)";
+  option(snapshots, "--save-every", c.save_every, "save a snapshot every N steps")
+      ->default_str("never")
+      ->check(at_least(1));
+  option(snapshots, "--snapshot-dir", c.snapshot_dir, "the snapshots' folder")->type_name("DIR");
+  app->add_flag("--resume", c.resume,
+                "continue from the last snapshot in --snapshot-dir (none: from the start)")
+      ->group(snapshots);
   return app;
 }
 
@@ -186,6 +205,15 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
       throw UsageError(error.what_without_backtrace());
     }
   }
+
+  if ((c.save_every > 0 || c.resume) && c.snapshot_dir.empty()) {
+    throw UsageError(std::string(c.resume ? "--resume" : "--save-every") +
+                     " needs --snapshot-dir DIR");
+  }
+  if (!c.snapshot_dir.empty() && c.save_every == 0 && !c.resume) {
+    throw UsageError("--snapshot-dir needs --save-every N or --resume");
+  }
+  if (c.save_every > 0) check_snapshot_dir(c.snapshot_dir);
 
   // Every output is checked now, so that a bad path never costs a whole run; on ranks, rank 0
   // writes them.
@@ -261,6 +289,13 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   const auto pipeline = TrainPipeline::make(c, model, balance);
   torch::optim::AdamW optimizer(pipeline->parameters(),
                                 torch::optim::AdamWOptions(c.learning_rate).weight_decay(0.01));
+  // Every rank draws the same batches.
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.seed) + 1);
+  const Manifest manifest = make_manifest(c, options, balance, *pipeline);
+  int64_t first = 1;
+  if (c.resume) {
+    first = resume_snapshot(c.snapshot_dir, manifest, *pipeline, model, optimizer, generator) + 1;
+  }
   std::ostringstream elsewhere;  // what the ranks other than rank 0 would print
   std::ostream& shown = pipeline->reports() ? out : elsewhere;
 
@@ -276,16 +311,18 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
         << c.chunks << " micro-batches, schedule " << c.schedule << ", checkpoint " << c.checkpoint
         << ", batch " << c.batch_size << " x " << options.block_size() << " bytes, " << c.steps
         << " steps\n";
+  if (first > 1)
+    shown << "  resumed after step " << first - 1 << " from " << c.snapshot_dir << "\n";
 
-  // Every rank draws the same batches.
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.seed) + 1);
-  ProgressBar progress(shown, c.steps, c.batch_size, interactive && pipeline->reports());
+  ProgressBar progress(shown, c.steps, c.batch_size, interactive && pipeline->reports(), first);
   TrainReport report;
+  report.resumed_step = first - 1;
+  std::vector<SaveCost> saves;
   // Each step's events are drained as it ends: the bubble adds up step by step, and only what
   // --trace or --timeline will write is kept, so a long run does not pile up events. The first
   // step warms up allocators and threads: the bubble leaves it out.
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t step = 1; step <= c.steps; ++step) {
+  for (int64_t step = first; step <= c.steps; ++step) {
     auto [input, target] = corpus.batch(c.batch_size, options.block_size(), generator);
     optimizer.zero_grad();
     const double loss = pipeline->step(input, target).item<double>();
@@ -293,11 +330,16 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
     report.losses.push_back(loss);
     progress.update(step, loss);
     const bool drawn = !c.timeline.empty() && step > c.steps - c.timeline_steps;
-    pipeline->record_step(/*steady=*/c.steps == 1 || step > 1, !c.trace.empty() || drawn);
+    pipeline->record_step(/*steady=*/c.steps == first || step > first, !c.trace.empty() || drawn);
+    if (c.save_every > 0 && step % c.save_every == 0) {
+      saves.push_back(
+          save_snapshot(c.snapshot_dir, step, manifest, *pipeline, model, optimizer, generator));
+    }
   }
   progress.finish();
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report.samples_per_second = static_cast<double>(c.steps * c.batch_size) / report.seconds;
+  const auto steps_run = static_cast<int64_t>(report.losses.size());
+  report.samples_per_second = static_cast<double>(steps_run * c.batch_size) / report.seconds;
   TrainSummary summary = pipeline->summarize();
   if (!c.save.empty()) pipeline->gather_model();
   if (!pipeline->reports()) return report;
@@ -317,7 +359,7 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   if (!c.timeline.empty()) {
     std::vector<trace::Event> last;
     for (const auto& e : kept) {
-      if (e.step >= c.steps - c.timeline_steps) last.push_back(e);
+      if (e.step >= steps_run - c.timeline_steps) last.push_back(e);  // e.step counts from 0
     }
     write_file(c.timeline, [&](std::ostream& o) { trace::write_svg_timeline(last, o); });
   }
@@ -331,12 +373,17 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   const size_t n = report.losses.size();
   const size_t window = std::max<size_t>(1, std::min<size_t>(10, n / 2));
   char line[256];
-  std::snprintf(line, sizeof(line),
-                "done: %lld steps in %.1f s, %.0f samples/s (%.0f tokens/s); loss %.3f -> %.3f "
-                "(mean of first and last %zu steps)\n",
-                static_cast<long long>(c.steps), report.seconds, report.samples_per_second,
-                report.samples_per_second * static_cast<double>(options.block_size()),
-                average(0, window), average(n - window, n), window);
+  if (n == 0) {
+    std::snprintf(line, sizeof(line), "done: no steps left after step %lld\n",
+                  static_cast<long long>(first - 1));
+  } else {
+    std::snprintf(line, sizeof(line),
+                  "done: %lld steps in %.1f s, %.0f samples/s (%.0f tokens/s); loss %.3f -> %.3f "
+                  "(mean of first and last %zu steps)\n",
+                  static_cast<long long>(steps_run), report.seconds, report.samples_per_second,
+                  report.samples_per_second * static_cast<double>(options.block_size()),
+                  average(0, window), average(n - window, n), window);
+  }
   out << line << "peak memory per stage (allocated by its tasks; on a GPU, by its device):";
   for (size_t s = 0; s < report.peak_bytes_per_stage.size(); ++s) {
     out << (s ? "," : "") << " stage " << s << " " << mib(report.peak_bytes_per_stage[s]);
@@ -350,6 +397,16 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   if (!c.trace.empty()) out << "trace: " << c.trace << "\n";
   if (!c.timeline.empty()) out << "timeline: " << c.timeline << "\n";
   if (!c.save.empty()) out << "model: " << c.save << "\n";
+  if (!saves.empty()) {
+    std::vector<double> milliseconds;
+    for (const auto& save : saves) milliseconds.push_back(1e3 * save.seconds);
+    std::sort(milliseconds.begin(), milliseconds.end());
+    std::snprintf(line, sizeof(line),
+                  "snapshots: %zu in %s, %.0f ms each (median), %s each by rank 0\n", saves.size(),
+                  c.snapshot_dir.c_str(), milliseconds[milliseconds.size() / 2],
+                  mib(saves.back().bytes).c_str());
+    out << line;
+  }
   return report;
 }
 

@@ -45,7 +45,10 @@ struct TrainConfig {
   std::string trace;     // Chrome trace JSON of every task
   std::string timeline;  // SVG timeline of the last timeline_steps steps
   int64_t timeline_steps = 2;
-  bool quiet = false;  // no progress or summary
+  int64_t save_every = 0;    // steps between snapshots (train_snapshot.h); 0: none
+  std::string snapshot_dir;  // where snapshots go and come from
+  bool resume = false;       // continue from snapshot_dir's last snapshot, if any
+  bool quiet = false;        // no progress or summary
 };
 
 /// Reads the flags of `gpipe train`, and the launcher's environment where WORLD_SIZE is set.
@@ -57,7 +60,8 @@ TrainConfig parse_train_config(const std::vector<std::string>& args);
 std::string train_usage();
 
 struct TrainReport {
-  std::vector<double> losses;  // per step
+  int64_t resumed_step = 0;    // the snapshot's step that --resume continued after, or 0
+  std::vector<double> losses;  // per step this run took
   double seconds = 0;
   double samples_per_second = 0;
   std::vector<int64_t> peak_bytes_per_stage;  // allocated by each stage's tasks (on rank 0: all)

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 namespace gpipe {
 namespace cli {
@@ -76,6 +77,11 @@ class ThreadPipeline final : public TrainPipeline {
   std::string workers() const override {
     return std::to_string(num_workers_) + " worker thread" + (num_workers_ == 1 ? "" : "s");
   }
+  std::vector<int64_t> layers() const override {
+    std::vector<int64_t> all(model_->size());
+    for (const auto k : c10::irange(all.size())) all[k] = static_cast<int64_t>(k);
+    return all;
+  }
 
   TrainSummary summarize() override {
     TrainSummary summary;
@@ -122,7 +128,6 @@ class RankPipeline final : public TrainPipeline {
                const std::vector<int64_t>& balance)
       : TrainPipeline(std::make_shared<trace::Tracer>()),
         model_(model),
-        balance_(balance),
         group_(distributed::rendezvous(
             *c.ranks, distributed::PipelineStageOptions(c.chunks).rendezvous_timeout())),
         pipeline_(group_, model, balance, char_gpt_loss,
@@ -133,6 +138,10 @@ class RankPipeline final : public TrainPipeline {
                       .checkpoint(c.checkpoint)
                       .device(c.devices.empty() ? c10::Device(c10::kCPU) : c.devices[c.ranks->rank])
                       .tracer(tracer_)) {
+    first_layer_.assign(balance.size() + 1, 0);
+    for (const auto s : c10::irange(balance.size())) {
+      first_layer_[s + 1] = first_layer_[s] + balance[s];
+    }
     // Where this rank's tracer started, on the common clock.
     clock_offset_us_ = system_us() - tracer_->now_us();
     reset_peaks({pipeline_.device()});
@@ -150,6 +159,34 @@ class RankPipeline final : public TrainPipeline {
   }
   bool reports() const override { return pipeline_.rank() == 0; }
   std::string workers() const override { return std::to_string(pipeline_.world_size()) + " ranks"; }
+  int64_t rank() const override { return pipeline_.rank(); }
+  int64_t world_size() const override { return pipeline_.world_size(); }
+  std::vector<int64_t> layers() const override {
+    std::vector<int64_t> result;
+    for (const int64_t s : pipeline_.stage_indices()) {
+      for (int64_t k = first_layer_[s]; k < first_layer_[s + 1]; ++k) result.push_back(k);
+    }
+    return result;
+  }
+  void barrier(const std::string& name) override {
+    const std::string counter = "gpipe/train/barrier/" + name;
+    group_.store->add(counter, 1);
+    const auto timeout = distributed::PipelineStageOptions(1).timeout();
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (group_.store->add(counter, 0) < world_size()) {
+      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "rank ", rank(), " waited ",
+                  timeout.count() / 1000, " s for the other ranks at ", name);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  std::string broadcast(const std::string& name, const std::string& value) override {
+    const std::string key = "gpipe/train/broadcast/" + name;
+    if (rank() == 0) {
+      group_.store->set(key, bytes_of(value));
+      return value;
+    }
+    return text_of(group_.store->get(key));
+  }
 
   TrainSummary summarize() override {
     // Each rank says its stages' peaks, its steps' times and its kept events, on the common
@@ -224,13 +261,9 @@ class RankPipeline final : public TrainPipeline {
 
   void gather_model() override {
     // Each rank sends its stages' parameters and buffers; rank 0 copies them into its model.
-    std::vector<int64_t> first_layer(balance_.size() + 1, 0);
-    for (const auto s : c10::irange(balance_.size())) {
-      first_layer[s + 1] = first_layer[s] + balance_[s];
-    }
     const auto tensors_of = [&](int64_t s) {
       std::vector<at::Tensor> tensors;
-      for (int64_t layer = first_layer[s]; layer < first_layer[s + 1]; ++layer) {
+      for (int64_t layer = first_layer_[s]; layer < first_layer_[s + 1]; ++layer) {
         for (const auto& p : model_->ptr(layer)->parameters()) tensors.push_back(p);
         for (const auto& b : model_->ptr(layer)->buffers()) tensors.push_back(b);
       }
@@ -266,7 +299,7 @@ class RankPipeline final : public TrainPipeline {
   }
 
   torch::nn::Sequential model_;
-  std::vector<int64_t> balance_;
+  std::vector<int64_t> first_layer_;  // of each stage, and the layer count last
   distributed::ProcessGroup group_;
   distributed::PipelineStage pipeline_;
   double clock_offset_us_ = 0;

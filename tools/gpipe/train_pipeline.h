@@ -49,6 +49,16 @@ class TrainPipeline {
   /// How the stages run, for the header line, e.g. "2 worker threads" or "2 ranks".
   virtual std::string workers() const = 0;
 
+  /// This process among the pipeline's processes (threads: the only one, 0) and their count.
+  virtual int64_t rank() const { return 0; }
+  virtual int64_t world_size() const { return 1; }
+  /// The layers (indices into the model) this process trains, in order.
+  virtual std::vector<int64_t> layers() const = 0;
+  /// Returns once every process has called it with `name` (threads: at once).
+  virtual void barrier(const std::string& name) {}
+  /// Rank 0's `value`, on every process (threads: `value`).
+  virtual std::string broadcast(const std::string& name, const std::string& value) { return value; }
+
   /// Takes the events of the step that just ended: counted towards the bubble where `steady`,
   /// kept for the trace and timeline where `keep`.
   void record_step(bool steady, bool keep);
