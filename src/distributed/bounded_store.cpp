@@ -117,5 +117,11 @@ std::string BoundedStore::get(const std::string& key) {
   return *result;
 }
 
+bool BoundedStore::check(const std::string& key) {
+  auto result = std::make_shared<bool>(false);
+  call([result, key](c10d::Store& store) { *result = store.check({key}); });
+  return *result;
+}
+
 }  // namespace distributed
 }  // namespace gpipe

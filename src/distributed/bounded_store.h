@@ -40,6 +40,8 @@ class BoundedStore {
   void set(const std::string& key, const std::string& value);
   /// The value of `key`, which must exist (Store::get waits for a missing key).
   std::string get(const std::string& key);
+  /// Whether `key` exists, without waiting for it.
+  bool check(const std::string& key);
 
   std::chrono::milliseconds patience() const { return patience_; }
 

@@ -100,8 +100,8 @@ int64_t FailureMonitor::silent_rank(int64_t peer, std::string& why) {
   int64_t r = peer;
   while (true) {
     if (after[r].first == before[r].first) {
-      why = " (its process has not run for " + std::to_string(window.count()) +
-            " ms: stopped or frozen?)";
+      why = " (it has not beaten in the store for " + std::to_string(window.count()) +
+            " ms: stopped, frozen or cut off?)";
       return r;
     }
     visited.insert(r);
@@ -184,10 +184,17 @@ void FailureMonitor::record(const std::string& line, int64_t failed_peer) {
     const int64_t n = store_.add(keys_ + "failures", 1);
     store_.set(key("failure", n), line);
     if (n > 1) {
-      // Another rank recorded first: that is the failure every rank reports.
-      std::string first = store_.get(key("failure", 1));
-      std::lock_guard<std::mutex> lock(mutex_);
-      failure_ = std::move(first);
+      // Another rank recorded first: that is the failure every rank reports, once its line is
+      // there (it counts, then writes it; a rank that died in between leaves only this one).
+      const auto patience = Clock::now() + std::chrono::seconds(2);
+      while (!store_.check(key("failure", 1)) && Clock::now() < patience) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      if (store_.check(key("failure", 1))) {
+        std::string first = store_.get(key("failure", 1));
+        std::lock_guard<std::mutex> lock(mutex_);
+        failure_ = std::move(first);
+      }
     }
     store_.add(key("seen", environment_.rank), 1);
     // A failed peer will not say it saw the failure: this rank says so for it.
@@ -216,6 +223,9 @@ void FailureMonitor::report(const std::string& message) {
 
 std::optional<std::string> FailureMonitor::lookup() {
   if (store_.add(keys_ + "failures", 0) == 0) return std::nullopt;
+  // The first rank to fail counts, then writes its line: until the line is there, there is no
+  // failure to adopt yet. Waiting for it could wait for a rank that died in between.
+  if (!store_.check(key("failure", 1))) return std::nullopt;
   return store_.get(key("failure", 1));
 }
 
