@@ -5,19 +5,20 @@
 //            [--data-parallel D]
 //            [--fail-rank R --fail-mode throw|kill|hang|stop|mismatch|kill-connected]
 //            [--fail-attempts K] [--rendezvous-timeout-ms T] [--absent-from R] [--trace 1]
+//            [--steps N]
 //
-// Trains one step of the model of distributed_model.h (W x V stages of even layers) and
-// writes DIR/loss_rank<r>.pt and DIR/grads_stage<s>_replica<d>.pt (the gradients of the stage's
-// parameters, in order; with D replicas, replica d trains on the d-th slice of the batch);
-// DIR/start_time_rank<r> (ms since the epoch); DIR/ok_rank<r> on success, or DIR/error_rank<r>
-// with the message, DIR/error_time_rank<r> with when it came, and exit status 1. With --fail-rank
-// R, stage R (on rank R) ends in a trap that, on the second micro-batch, throws, SIGKILLs its own
-// process, sleeps for an hour, SIGSTOPs its process, or widens its output; kill-connected SIGKILLs
-// rank R as soon as its PipelineStage is constructed (every rank connected). With --fail-attempts
-// K, the failure comes only in torchrun's first K attempts (TORCHELASTIC_RESTART_COUNT < K), so
-// that a restarted group succeeds. With --absent-from
-// R, ranks R and above exit at once, never joining. With --trace 1, each rank also writes its
-// tracer's events as DIR/trace_rank<r>.json (trace.h).
+// Trains one step (or N on the same batch, gradients adding up) of the model of
+// distributed_model.h (W x V stages of even layers) and writes DIR/loss_rank<r>.pt and
+// DIR/grads_stage<s>_replica<d>.pt (the gradients of the stage's parameters, in order; with D
+// replicas, replica d trains on the d-th slice of the batch); DIR/start_time_rank<r> (ms since the
+// epoch); DIR/ok_rank<r> on success, or DIR/error_rank<r> with the message, DIR/error_time_rank<r>
+// with when it came, and exit status 1. With --fail-rank R, stage R (on rank R) ends in a trap
+// that, on the second micro-batch, throws, SIGKILLs its own process, sleeps for an hour, SIGSTOPs
+// its process, or widens its output; kill-connected SIGKILLs rank R as soon as its PipelineStage is
+// constructed (every rank connected). With --fail-attempts K, the failure comes only in torchrun's
+// first K attempts (TORCHELASTIC_RESTART_COUNT < K), so that a restarted group succeeds. With
+// --absent-from R, ranks R and above exit at once, never joining. With --trace 1, each rank also
+// writes its tracer's events as DIR/trace_rank<r>.json (trace.h).
 #include "distributed_model.h"
 #include "gpipe/distributed/pipeline_stage.h"
 #include "gpipe/trace.h"
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   std::string out, schedule = "1f1b", fail_mode, checkpoint = "never";
   int64_t stages_per_worker = 1, chunks = 4, timeout_ms = 60000, fail_rank = -1, replicas = 1;
   int64_t rendezvous_timeout_ms = 60000, absent_from = -1, trace = 0, fail_attempts = -1;
+  int64_t steps = 1;
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string flag = argv[k];
     const std::string value = argv[k + 1];
@@ -81,6 +83,8 @@ int main(int argc, char** argv) {
       trace = std::stoll(value);
     else if (flag == "--fail-attempts")
       fail_attempts = std::stoll(value);
+    else if (flag == "--steps")
+      steps = std::stoll(value);
   }
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const bool failing_attempt =
@@ -120,7 +124,8 @@ int main(int argc, char** argv) {
             .tracer(trace != 0 ? std::make_shared<gpipe::trace::Tracer>() : nullptr));
     if (fail_mode == "kill-connected" && rank == fail_rank && failing_attempt) raise(SIGKILL);
     try {
-      const torch::Tensor loss = pipe.step(input, target);
+      torch::Tensor loss;
+      for (int64_t step = 0; step < steps; ++step) loss = pipe.step(input, target);
       torch::save(loss, out + "/loss" + suffix + ".pt");
       if (const auto& tracer = pipe.options().tracer()) {
         std::ofstream json(out + "/trace" + suffix + ".json");

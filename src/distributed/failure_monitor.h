@@ -5,7 +5,8 @@
 // any rank has failed, calls `on_failure` (the transport aborts its waits). The watcher also
 // beats in the store and says whom its rank waits for, so that after a wait times out the
 // waits can be followed to the rank that stopped answering: the first that stopped beating (a
-// stopped or frozen process), else the first that waits for nobody (it hangs in its own code).
+// stopped or frozen process, or one cut off from the network), else the first that waits for
+// nobody (it hangs in its own code).
 // Every store call goes through a BoundedStore: a store that does not answer within the
 // timeout, like one that is gone, is the failure of rank 0, which serves it (or, under torchrun,
 // of the agent that does).
