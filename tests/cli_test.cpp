@@ -397,6 +397,25 @@ TEST(CommandTest, LaunchStartsRanksWithTheirEnvironment) {
   const auto [failed, message] = run_command("launch -n 2 --grace 5 -- sh -c 'exit $RANK'");
   EXPECT_EQ(failed, 1);
   EXPECT_THAT(message, ::testing::HasSubstr("gpipe launch: rank 1 exited with status 1"));
+  // --max-restarts: all ranks start again after one fails, each attempt numbered, until one
+  // succeeds or no restart is left.
+  const auto [restarted, restart_message] = run_command(
+      "launch -n 2 --max-restarts 3 --grace 5 -- sh -c 'echo $TORCHELASTIC_RESTART_COUNT >> " +
+      dir.file("attempts") + "$RANK; [ $TORCHELASTIC_RESTART_COUNT = 2 ] || [ $RANK = 0 ]'");
+  EXPECT_EQ(restarted, 0) << restart_message;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(dir.file("attempts" + std::to_string(rank)));
+    std::stringstream attempts;
+    attempts << in.rdbuf();
+    EXPECT_EQ(attempts.str(), "0\n1\n2\n") << "rank " << rank;
+  }
+  EXPECT_THAT(restart_message,
+              ::testing::HasSubstr("gpipe launch: restarting all 2 ranks (restart 2 of 3)"));
+  const auto [exhausted, exhausted_message] =
+      run_command("launch -n 2 --max-restarts 1 --grace 5 -- sh -c 'exit $RANK'");
+  EXPECT_EQ(exhausted, 1);
+  EXPECT_THAT(exhausted_message, ::testing::HasSubstr("restart 1 of 1"));
+  EXPECT_THAT(exhausted_message, ::testing::HasSubstr("failed: rank 1 failed first"));
   EXPECT_EQ(run_command("launch -- true").first, 2);  // no -n
 }
 

@@ -2,8 +2,10 @@
 // default), --standalone and the c10d rendezvous backend, on one machine and as two "machines"
 // on loopback, and a group that torchrun restarts after a rank fails. Every run's losses and
 // gradients equal, bitwise, those of the same workers under gpipe_launch; so does the model that
-// `gpipe train` trains under torchrun. GPIPE_TORCHRUN (tests/CMakeLists.txt) is the torch
-// wheel's torchrun for LibTorch 2.x, Debian's (python3-torch) for 1.13; without it they skip.
+// `gpipe train` trains under torchrun. A rank of `gpipe train` killed mid-run under torchrun
+// --max_restarts, or gpipe launch --max-restarts (LaunchRestartTest), is restarted and resumes
+// from its snapshot. GPIPE_TORCHRUN (tests/CMakeLists.txt) is the torch wheel's torchrun for
+// LibTorch 2.x, Debian's (python3-torch) for 1.13; without it the torchrun tests skip.
 #include "test_util.h"
 
 #include "distributed_launch.h"
@@ -18,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -200,7 +203,8 @@ TEST_F(TorchrunTest, GpipeTrain) {
   testing::expect_same_model(dir + "/torchrun.pt", dir + "/launch.pt");
 }
 
-// The process of a rank of `gpipe train` whose command line names `marker`; -1 if none.
+// The process of a rank of `gpipe train` (not `gpipe launch`) whose command line names
+// `marker`; -1 if none.
 pid_t find_rank(const std::string& marker) {
   namespace fs = std::filesystem;
   const fs::path command = fs::canonical(GPIPE_COMMAND);
@@ -208,16 +212,18 @@ pid_t find_rank(const std::string& marker) {
     std::error_code error;
     if (fs::read_symlink(entry.path() / "exe", error) != command || error) continue;
     const std::string cmdline = testing::read_text((entry.path() / "cmdline").string());
+    const size_t first = cmdline.find('\0');  // the arguments are separated by NULs
+    if (cmdline.compare(first + 1, 6, std::string("train\0", 6)) != 0) continue;
     if (cmdline.find(marker) == std::string::npos) continue;
     return static_cast<pid_t>(std::stol(entry.path().filename().string()));
   }
   return -1;
 }
 
-// A rank of `gpipe train` killed at a random step (5 seeds): torchrun restarts the group, which
-// resumes from the last complete snapshot and trains, bit for bit, what a run that nobody
-// interrupted trains.
-TEST_F(TorchrunTest, KilledRankResumesFromTheLastSnapshot) {
+// Kills a rank of `gpipe train` at a random step (5 seeds) under `launcher()` (the command line
+// before the program, with a restart allowed): the restarted ranks resume from the last complete
+// snapshot and train, bit for bit, what a run that nobody interrupted trains.
+void expect_resumes_after_a_kill(const std::function<std::string()>& launcher) {
   namespace fs = std::filesystem;
   const std::string dir = testing::make_temp_dir();
   const std::string train = tiny_train(dir, 100);
@@ -227,13 +233,11 @@ TEST_F(TorchrunTest, KilledRankResumesFromTheLastSnapshot) {
   for (unsigned seed = 0; seed < 5; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     const std::string run = dir + "/run" + std::to_string(seed);
-    const std::string torchrun = std::string(GPIPE_TORCHRUN) + " " + kTorchrunFlags +
-                                 " --max_restarts 1 --nproc_per_node 2 --master_port " +
-                                 std::to_string(free_port()) + " --no_python " + train +
-                                 " --save-every 10 --resume --snapshot-dir " + run + " --save " +
-                                 run + ".pt > " + run + ".log 2>&1";
+    const std::string command = launcher() + " " + train +
+                                " --save-every 10 --resume --snapshot-dir " + run + " --save " +
+                                run + ".pt > " + run + ".log 2>&1";
     int status = -1;
-    std::thread torchrun_thread([&] { status = std::system(torchrun.c_str()); });
+    std::thread job([&] { status = std::system(command.c_str()); });
     // After the first snapshot, a random while more: between steps 10 and about 50.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     while (!fs::exists(run + "/latest") && std::chrono::steady_clock::now() < deadline) {
@@ -243,11 +247,25 @@ TEST_F(TorchrunTest, KilledRankResumesFromTheLastSnapshot) {
     std::this_thread::sleep_for(std::chrono::milliseconds(random() % 1500));
     const pid_t rank = find_rank(run);
     const bool killed = rank > 0 && kill(rank, SIGKILL) == 0;
-    torchrun_thread.join();
+    job.join();
     EXPECT_TRUE(killed) << "no rank to kill: the run ended first";
     ASSERT_EQ(status, 0) << testing::read_text(run + ".log");
     testing::expect_same_model(run + ".pt", dir + "/expected.pt");
   }
+}
+
+TEST_F(TorchrunTest, KilledRankResumesFromTheLastSnapshot) {
+  expect_resumes_after_a_kill([] {
+    return std::string(GPIPE_TORCHRUN) + " " + kTorchrunFlags +
+           " --max_restarts 1 --nproc_per_node 2 --master_port " + std::to_string(free_port()) +
+           " --no_python";
+  });
+}
+
+// The same under gpipe launch --max-restarts, which needs no torchrun.
+TEST(LaunchRestartTest, KilledRankResumesFromTheLastSnapshot) {
+  expect_resumes_after_a_kill(
+      [] { return std::string(GPIPE_COMMAND) + " launch -n 2 --max-restarts 1 --grace 5 --"; });
 }
 
 }  // namespace

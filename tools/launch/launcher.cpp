@@ -2,13 +2,15 @@
 // gpipe program on this machine, as `torchrun --standalone --nproc-per-node N --no-python` would.
 //
 // Usage: gpipe launch -n N ... or gpipe_launch -n N [--master-addr A] [--master-port P] [--grace S]
-// -- program [args...]
+// [--max-restarts K] -- program [args...]
 //
-// Each rank runs `program args` with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// Each rank runs `program args` with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 // MASTER_ADDR (default 127.0.0.1) and MASTER_PORT (default: a free port) set. When a rank exits
 // non-zero or is killed, the others get S seconds (default 30) to finish failing on their own,
-// then are killed; gpipe_launch exits 1 naming the first rank that failed. It exits 0 when every
-// rank does. SIGINT and SIGTERM are passed on to the ranks.
+// then are killed. Then, up to K times (default 0), all ranks start again, as under torchrun
+// --max-restarts: TORCHELASTIC_RESTART_COUNT says which restart, and the port is a new free one
+// unless given. It exits 0 when every rank of an attempt does, else 1 naming the first rank that
+// failed in the last. SIGINT and SIGTERM are passed on to the ranks and end the job.
 #include "launcher.h"
 
 #include "arguments.h"
@@ -50,72 +52,21 @@ std::string describe(int status) {
   return "ended with wait status " + std::to_string(status);
 }
 
-}  // namespace
+// What run_ranks returns when a rank could not be started.
+constexpr long kNotStarted = -2;
 
-namespace gpipe {
-namespace launcher {
-
-int launch(const std::vector<std::string>& args, const std::string& name) {
-  g_name = name;
-  // The launcher's own flags come before --, the program and its arguments after.
-  const auto separator = std::find(args.begin(), args.end(), "--");
-  std::vector<std::string> own(args.begin(), separator);
-  std::vector<std::string> program;
-  if (separator != args.end()) program.assign(separator + 1, args.end());
-
-  int64_t n = 0;
-  int64_t port = 0;
-  int64_t grace = 30;
-  std::string addr = "127.0.0.1";
-  const auto app = gpipe::cli::command_line(
-      name + " -n N [flags] -- program [args...]",
-      "Starts the N ranks of a multi-process program on this machine, each with RANK,\n"
-      "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as\n"
-      "torchrun --standalone does.");
-  app->add_option("-n,--nproc", n, "ranks to start (required)")
-      ->type_name("N")
-      ->default_str("")
-      ->check(gpipe::cli::in_range(1, 4096));
-  app->add_option("--master-addr", addr, "address of rank 0's store")->type_name("ADDR");
-  app->add_option("--master-port", port, "port of rank 0's store (0: a free one)")
-      ->type_name("PORT")
-      ->check(gpipe::cli::in_range(0, 65535));
-  app->add_option("--grace", grace, "seconds the other ranks get to fail after one fails")
-      ->type_name("S")
-      ->check(gpipe::cli::in_range(0, 86400));
-  // --help or -h among the launcher's own flags (not the program's, after --) wins.
-  if (gpipe::cli::asks_for_help(own)) {
-    std::fputs(app->help().c_str(), stdout);
-    return 0;
-  }
-  try {
-    gpipe::cli::parse(*app, own);
-  } catch (const gpipe::cli::UsageError& error) {
-    usage(error.what());
-  }
-  if (n == 0) usage("-n N is required (see --help)");
-  if (program.empty()) usage("no program after -- (see --help)");
-  // execvp wants argv: the program, then its arguments, then null.
-  std::vector<char*> argv;
-  for (auto& word : program) argv.push_back(word.data());
-  argv.push_back(nullptr);
-  if (port == 0 && (port = free_port()) == 0) {
-    std::perror((g_name + ": cannot find a free port").c_str());
-    return 1;
-  }
-
-  struct sigaction action {};
-  action.sa_handler = on_signal;
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
-
+// Starts the `n` ranks of attempt `attempt` (0, then 1 for the first restart, ...) and waits for
+// all of them. When one fails, the others get `grace` seconds to fail on their own, then are
+// killed. Returns the rank that failed first, -1 if none did, kNotStarted if fork failed.
+long run_ranks(int64_t n, const std::string& addr, int64_t port, int64_t grace, int64_t attempt,
+               std::vector<char*>& argv) {
   std::vector<pid_t> pids(n, -1);
   for (long rank = 0; rank < n; ++rank) {
     const pid_t pid = fork();
     if (pid < 0) {
       std::perror((g_name + ": fork").c_str());
       for (long r = 0; r < rank; ++r) kill(pids[r], SIGKILL);
-      return 1;
+      return kNotStarted;
     }
     if (pid == 0) {
       setenv("RANK", std::to_string(rank).c_str(), 1);
@@ -125,6 +76,7 @@ int launch(const std::vector<std::string>& args, const std::string& name) {
       setenv("MASTER_ADDR", addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       setenv("GROUP_RANK", "0", 1);
+      setenv("TORCHELASTIC_RESTART_COUNT", std::to_string(attempt).c_str(), 1);
       // Rank 0 serves the store, even where this launcher itself runs under torchrun.
       unsetenv("TORCHELASTIC_USE_AGENT_STORE");
       execvp(argv[0], argv.data());
@@ -134,7 +86,6 @@ int launch(const std::vector<std::string>& args, const std::string& name) {
     }
     pids[rank] = pid;
   }
-
   using Clock = std::chrono::steady_clock;
   long running = n;
   long first_failed = -1;
@@ -176,11 +127,85 @@ int launch(const std::vector<std::string>& args, const std::string& name) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (first_failed >= 0) {
-    std::fprintf(stderr, "%s: failed: rank %ld failed first\n", g_name.c_str(), first_failed);
-    return 1;
+  return first_failed;
+}
+
+}  // namespace
+
+namespace gpipe {
+namespace launcher {
+
+int launch(const std::vector<std::string>& args, const std::string& name) {
+  g_name = name;
+  // The launcher's own flags come before --, the program and its arguments after.
+  const auto separator = std::find(args.begin(), args.end(), "--");
+  std::vector<std::string> own(args.begin(), separator);
+  std::vector<std::string> program;
+  if (separator != args.end()) program.assign(separator + 1, args.end());
+
+  int64_t n = 0;
+  int64_t port = 0;
+  int64_t grace = 30;
+  int64_t max_restarts = 0;
+  std::string addr = "127.0.0.1";
+  const auto app = gpipe::cli::command_line(
+      name + " -n N [flags] -- program [args...]",
+      "Starts the N ranks of a multi-process program on this machine, each with RANK,\n"
+      "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as\n"
+      "torchrun --standalone does.");
+  app->add_option("-n,--nproc", n, "ranks to start (required)")
+      ->type_name("N")
+      ->default_str("")
+      ->check(gpipe::cli::in_range(1, 4096));
+  app->add_option("--master-addr", addr, "address of rank 0's store")->type_name("ADDR");
+  app->add_option("--master-port", port, "port of rank 0's store (0: a free one)")
+      ->type_name("PORT")
+      ->check(gpipe::cli::in_range(0, 65535));
+  app->add_option("--grace", grace, "seconds the other ranks get to fail after one fails")
+      ->type_name("S")
+      ->check(gpipe::cli::in_range(0, 86400));
+  app->add_option("--max-restarts", max_restarts,
+                  "times all ranks are started again after one fails, as torchrun's")
+      ->type_name("K")
+      ->check(gpipe::cli::in_range(0, 1000000));
+  // --help or -h among the launcher's own flags (not the program's, after --) wins.
+  if (gpipe::cli::asks_for_help(own)) {
+    std::fputs(app->help().c_str(), stdout);
+    return 0;
   }
-  return g_signal != 0 ? 128 + g_signal : 0;
+  try {
+    gpipe::cli::parse(*app, own);
+  } catch (const gpipe::cli::UsageError& error) {
+    usage(error.what());
+  }
+  if (n == 0) usage("-n N is required (see --help)");
+  if (program.empty()) usage("no program after -- (see --help)");
+  // execvp wants argv: the program, then its arguments, then null.
+  std::vector<char*> argv;
+  for (auto& word : program) argv.push_back(word.data());
+  argv.push_back(nullptr);
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+
+  const bool fixed_port = port != 0;
+  for (int64_t attempt = 0;; ++attempt) {
+    if (!fixed_port && (port = free_port()) == 0) {
+      std::perror((g_name + ": cannot find a free port").c_str());
+      return 1;
+    }
+    const long failed = run_ranks(n, addr, port, grace, attempt, argv);
+    if (failed == kNotStarted) return 1;
+    if (failed < 0) return g_signal != 0 ? 128 + g_signal : 0;
+    if (g_signal != 0 || attempt == max_restarts) {
+      std::fprintf(stderr, "%s: failed: rank %ld failed first\n", g_name.c_str(), failed);
+      return 1;
+    }
+    std::fprintf(stderr, "%s: restarting all %lld ranks (restart %lld of %lld)\n", g_name.c_str(),
+                 static_cast<long long>(n), static_cast<long long>(attempt + 1),
+                 static_cast<long long>(max_restarts));
+  }
 }
 
 int free_port() {

@@ -8,10 +8,10 @@
 namespace gpipe {
 namespace launcher {
 
-/// Runs `-n N [--master-addr A] [--master-port P] [--grace S] -- program [args...]`; messages
-/// start with `name`. Returns 0 when every rank exits 0, 1 when one fails, 2 for a bad command
-/// line (after printing the usage), 128 + signal when interrupted. --help or -h before `--`
-/// prints the usage on stdout and returns 0.
+/// Runs `-n N [--master-addr A] [--master-port P] [--grace S] [--max-restarts K] -- program
+/// [args...]`; messages start with `name`. Returns 0 when every rank of an attempt exits 0, 1
+/// when one fails in the last, 2 for a bad command line (after printing the usage), 128 +
+/// signal when interrupted. --help or -h before `--` prints the usage on stdout and returns 0.
 int launch(const std::vector<std::string>& args, const std::string& name);
 
 /// A port of 127.0.0.1 that nothing listens on now (the kernel picks it); 0 if none was had.
