@@ -220,11 +220,17 @@ pid_t find_rank(const std::string& marker) {
   return -1;
 }
 
+// The step of the last complete snapshot in `dir` (its "latest" names step-<S>), or 0.
+int64_t latest_step(const std::string& dir) {
+  const std::string latest = testing::read_text(dir + "/latest");
+  const size_t at = latest.find("step-");
+  return at == std::string::npos ? 0 : std::atoll(latest.c_str() + at + 5);
+}
+
 // Kills a rank of `gpipe train` at a random step (5 seeds) under `launcher()` (the command line
 // before the program, with a restart allowed): the restarted ranks resume from the last complete
 // snapshot and train, bit for bit, what a run that nobody interrupted trains.
 void expect_resumes_after_a_kill(const std::function<std::string()>& launcher) {
-  namespace fs = std::filesystem;
   const std::string dir = testing::make_temp_dir();
   const std::string train = tiny_train(dir, 100);
   const std::string launch = std::string(GPIPE_COMMAND) + " launch -n 2 -- " + train + " --save " +
@@ -238,13 +244,15 @@ void expect_resumes_after_a_kill(const std::function<std::string()>& launcher) {
                                 run + ".pt > " + run + ".log 2>&1";
     int status = -1;
     std::thread job([&] { status = std::system(command.c_str()); });
-    // After the first snapshot, a random while more: between steps 10 and about 50.
+    // Once the snapshot of step 10, 20, ... or 60 is complete (by seed), and a few random
+    // milliseconds more: somewhere in the 10 steps that follow, with at least 40 steps to go.
+    const int64_t target = 10 * (1 + seed % 6);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (!fs::exists(run + "/latest") && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    while (latest_step(run) < target && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     std::mt19937 random(seed);
-    std::this_thread::sleep_for(std::chrono::milliseconds(random() % 1500));
+    std::this_thread::sleep_for(std::chrono::milliseconds(random() % 20));
     const pid_t rank = find_rank(run);
     const bool killed = rank > 0 && kill(rank, SIGKILL) == 0;
     job.join();
