@@ -26,19 +26,31 @@ inline int64_t milliseconds_since_epoch() {
 
 constexpr int64_t kDistributedLayers = 16;  // 8 Linear + Tanh pairs
 
+// Prints "<what> at <ms since the epoch>" on stderr: the fault tests measure from that time how
+// long the other ranks took to name the failure.
+inline void say_when(const char* what) {
+  std::cerr << what << " at " << milliseconds_since_epoch() << std::endl;
+}
+
 // Passes its input on, except that when armed, its second call (micro-batch 1) throws, kills its
-// own process, hangs for an hour, stops its process (SIGSTOP, after printing "stopping at <ms
-// since the epoch>"), or widens its output by one column, as `mode` says.
+// own process, hangs for an hour, stops its process (SIGSTOP) or widens its output by one column,
+// as `mode` says; it says when it kills, hangs or stops.
 struct TrapImpl : torch::nn::Module {
   TrapImpl(std::string mode, bool armed) : mode(std::move(mode)), armed(armed) {}
 
   torch::Tensor forward(torch::Tensor x) {
     if (!armed || ++calls != 2) return x;
     if (mode == "throw") throw std::runtime_error("injected failure");
-    if (mode == "kill") raise(SIGKILL);
-    if (mode == "hang") std::this_thread::sleep_for(std::chrono::hours(1));
+    if (mode == "kill") {
+      say_when("killing");
+      raise(SIGKILL);
+    }
+    if (mode == "hang") {
+      say_when("hanging");
+      std::this_thread::sleep_for(std::chrono::hours(1));
+    }
     if (mode == "stop") {
-      std::cerr << "stopping at " << milliseconds_since_epoch() << std::endl;
+      say_when("stopping");
       raise(SIGSTOP);
     }
     if (mode == "mismatch") return torch::cat({x, x.narrow(1, 0, 1)}, 1);

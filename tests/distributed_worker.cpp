@@ -122,7 +122,10 @@ int main(int argc, char** argv) {
             .timeout(std::chrono::milliseconds(timeout_ms))
             .rendezvous_timeout(std::chrono::milliseconds(rendezvous_timeout_ms))
             .tracer(trace != 0 ? std::make_shared<gpipe::trace::Tracer>() : nullptr));
-    if (fail_mode == "kill-connected" && rank == fail_rank && failing_attempt) raise(SIGKILL);
+    if (fail_mode == "kill-connected" && rank == fail_rank && failing_attempt) {
+      gpipe::testing::say_when("killing");
+      raise(SIGKILL);
+    }
     try {
       torch::Tensor loss;
       for (int64_t step = 0; step < steps; ++step) loss = pipe.step(input, target);
