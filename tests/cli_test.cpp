@@ -140,7 +140,7 @@ TEST(TrainConfigTest, Errors) {
                           "embedding + head)");
   GPIPE_EXPECT_THROW_WITH(
       parse_train_config({"--schedule", "2f2b"}), UsageError,
-      "--schedule: must be one of gpipe, 1f1b, interleaved_1f1b, zb1p, but got '2f2b'");
+      "--schedule: must be one of gpipe, 1f1b, interleaved_1f1b, zb1p, zbv, but got '2f2b'");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--schedule", "zb1p", "--checkpoint", "always"}),
                           UsageError,
                           "--schedule zb1p splits each backward into input and weight gradients, "
@@ -156,7 +156,10 @@ TEST(TrainConfigTest, Errors) {
                           "--devices: 'gpu7' is not a device");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--virtual-stages", "2"}), UsageError,
                           "--schedule 1f1b runs one stage per worker, but --virtual-stages is 2 "
-                          "(more than 1 only with interleaved_1f1b)");
+                          "(more than 1 only with interleaved_1f1b, 2 with zbv)");
+  GPIPE_EXPECT_THROW_WITH(parse_train_config({"--schedule", "zbv", "--stages", "4"}), UsageError,
+                          "--schedule zbv runs two stages per worker in a V, but --virtual-stages "
+                          "is 1 (set it to 2)");
   GPIPE_EXPECT_THROW_WITH(
       parse_train_config({"--checkpoint", "sometimes"}), UsageError,
       "--checkpoint: must be one of never, always, except_last, but got 'sometimes'");
@@ -220,7 +223,8 @@ TEST(TrainTest, EveryScheduleTrainsTheSameModel) {
            {"--schedule", "1f1b"},
            {"--schedule", "gpipe", "--checkpoint", "except_last"},
            {"--schedule", "interleaved_1f1b", "--stages", "4", "--virtual-stages", "2"},
-           {"--schedule", "zb1p", "--stages", "3", "--chunks", "6"}}) {
+           {"--schedule", "zb1p", "--stages", "3", "--chunks", "6"},
+           {"--schedule", "zbv", "--stages", "4", "--virtual-stages", "2", "--chunks", "4"}}) {
     std::ostringstream out;
     const TrainReport report =
         train(parse_train_config(tiny_model_flags(data) + std::vector<std::string>{"--steps", "4"} +
@@ -496,9 +500,10 @@ TEST(TrainRanksTest, EqualsTheThreadRun) {
            {"--schedule", "1f1b"},
            {"--schedule", "gpipe", "--checkpoint", "except_last"},
            {"--schedule", "interleaved_1f1b", "--virtual-stages", "2", "--chunks", "4"},
-           {"--schedule", "zb1p", "--chunks", "6"}}) {
+           {"--schedule", "zb1p", "--chunks", "6"},
+           {"--schedule", "zbv", "--virtual-stages", "2", "--chunks", "4"}}) {
     SCOPED_TRACE(schedule[1]);
-    const int64_t stages = schedule[1] == "interleaved_1f1b" ? 4 : 2;
+    const int64_t stages = schedule[1] == "interleaved_1f1b" || schedule[1] == "zbv" ? 4 : 2;
     std::ostringstream out;
     train(parse_train_config(flags + schedule +
                              std::vector<std::string>{"--stages", std::to_string(stages), "--save",

@@ -27,10 +27,12 @@ bool close(const at::Tensor& actual, const at::Tensor& expected) {
 // Runs the worker on `ranks` ranks and compares every rank's loss and every stage's gradients
 // with the plain model's.
 void expect_equivalent(int ranks, const std::string& schedule, int64_t stages_per_worker,
-                       int64_t replicas = 1, const std::string& checkpoint = "never") {
+                       int64_t replicas = 1, const std::string& checkpoint = "never",
+                       int64_t chunks = 4) {
   SCOPED_TRACE(std::to_string(ranks) + " ranks, " + schedule + ", " +
                std::to_string(stages_per_worker) + " stage(s) per rank, " +
-               std::to_string(replicas) + " replica(s), checkpoint " + checkpoint);
+               std::to_string(replicas) + " replica(s), checkpoint " + checkpoint + ", " +
+               std::to_string(chunks) + " chunks");
   const auto [input, target] = testing::distributed_batch();
   const int64_t S = ranks / replicas * stages_per_worker;
   std::vector<int64_t> balance = testing::distributed_balance(S);
@@ -40,8 +42,8 @@ void expect_equivalent(int ranks, const std::string& schedule, int64_t stages_pe
 
   const testing::Launch launch = testing::launch_workers(
       ranks, "--schedule " + schedule + " --stages-per-worker " +
-                 std::to_string(stages_per_worker) + " --chunks 4 --data-parallel " +
-                 std::to_string(replicas) + " --checkpoint " + checkpoint);
+                 std::to_string(stages_per_worker) + " --chunks " + std::to_string(chunks) +
+                 " --data-parallel " + std::to_string(replicas) + " --checkpoint " + checkpoint);
   ASSERT_EQ(launch.exit_code, 0) << launch.output;
   for (int r = 0; r < ranks; ++r) {
     at::Tensor loss;
@@ -82,6 +84,16 @@ TEST(DistributedPipelineTest, FourRanksEverySchedule) {
   expect_equivalent(4, "zb1p", 1);
 }
 
+// ZBV on 2 and 4 ranks for 1..8 micro-batches: the V's turn at the last rank passes tensors
+// within the process, and rank 0 computes the loss.
+TEST(DistributedPipelineTest, ZbvEveryMicroBatchCount) {
+  for (const int ranks : {2, 4}) {
+    for (int64_t chunks = 1; chunks <= 8; ++chunks) {
+      expect_equivalent(ranks, "zbv", 2, 1, "never", chunks);
+    }
+  }
+}
+
 TEST(DistributedPipelineTest, Checkpointing) {
   expect_equivalent(2, "1f1b", 1, 1, "always");
   expect_equivalent(2, "gpipe", 1, 1, "except_last");
@@ -92,6 +104,7 @@ TEST(DistributedPipelineTest, PipelineTimesDataParallel) {
   // replicas, and the loss are those of the plain model on the whole batch.
   expect_equivalent(4, "1f1b", 1, /*replicas=*/2);
   expect_equivalent(4, "gpipe", 1, /*replicas=*/2);
+  expect_equivalent(4, "zbv", 2, /*replicas=*/2);
 }
 
 // Each rank's tracer records its own actions, as its worker row: a forward and a backward of

@@ -33,6 +33,13 @@ TEST(ScheduleRenderTest, InterleavedNamesStages) {
   EXPECT_THAT(text, ::testing::HasSubstr("\nworker 1 | .    F0:1"));
 }
 
+TEST(ScheduleRenderTest, ZbvNamesStages) {
+  // Worker 0 runs stages 0 and 3, worker 1 stages 1 and 2: the V turns on worker 1.
+  EXPECT_EQ(render(zbv_schedule(2, 2)),
+            "worker 0 | F0:0 F1:0 .    F0:3 B0:3 F1:3 B1:3 B0:0 W0:3 B1:0 W0:0 W1:3 W1:0\n"
+            "worker 1 | .    F0:1 F0:2 F1:1 F1:2 B0:2 B0:1 B1:2 B1:1 W0:2 W0:1 W1:2 W1:1\n");
+}
+
 TEST(ScheduleRenderTest, RejectsInvalidSchedule) {
   Schedule schedule = gpipe_schedule(2, 1);
   schedule.actions[1].erase(schedule.actions[1].begin());

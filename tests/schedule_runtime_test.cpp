@@ -113,6 +113,15 @@ TEST(ScheduleRuntimeTest, InterleavedOneFOneBEqualsPlainModel) {
   }
 }
 
+TEST(ScheduleRuntimeTest, ZbvEqualsPlainModel) {
+  // 1..4 workers with 2 stages each in a V.
+  for (int64_t workers = 1; workers <= 4; ++workers) {
+    for (int64_t chunks = 1; chunks <= 8; ++chunks) {
+      expect_equivalent(ScheduleKind::kZeroBubbleV, 2 * workers, chunks, 2);
+    }
+  }
+}
+
 TEST(ScheduleRuntimeTest, CheckpointingEqualsPlainModel) {
   for (const auto mode : {CheckpointMode::kAlways, CheckpointMode::kExceptLast}) {
     for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <utility>
 
 namespace gpipe {
 namespace schedule {
@@ -89,6 +91,53 @@ TEST(ScheduleValidateTest, ZeroBubblePendingMicroBatchesPerStage) {
   }
 }
 
+// ZBV: worker w runs stages w and 2W - 1 - w, every stage each micro-batch's forward, input and
+// weight gradient once; a worker holds at most 2W micro-batches of its half-size stages (1F1B's
+// first stage holds W full ones).
+TEST(ScheduleValidateTest, ZbvRunsAVAndHoldsWhat1F1BHolds) {
+  for (int64_t W = 1; W <= 4; ++W) {
+    for (int64_t m = 1; m <= 16; ++m) {
+      SCOPED_TRACE(::testing::Message() << W << " workers, " << m << " micro-batches");
+      const Schedule schedule = zbv_schedule(W, m);
+      EXPECT_EQ(schedule.placement, Placement::kV);
+      EXPECT_EQ(schedule.num_stages, 2 * W);
+      for (const int64_t capacity : {int64_t{0}, m}) {
+        EXPECT_NO_THROW(validate(schedule, ValidateOptions().queue_capacity(capacity)));
+      }
+      for (int64_t w = 0; w < W; ++w) {
+        std::map<std::pair<int64_t, K>, int64_t> counts;  // per (stage, kind)
+        int64_t held = 0, most = 0;
+        for (const Action& a : schedule.actions[w]) {
+          EXPECT_TRUE(a.stage == w || a.stage == 2 * W - 1 - w) << "worker " << w << ": " << a;
+          EXPECT_NE(a.kind, K::kBackward) << a;
+          ++counts[{a.stage, a.kind}];
+          if (a.kind == K::kForward) most = std::max(most, ++held);
+          if (a.kind == K::kBackwardWeight) --held;
+        }
+        EXPECT_LE(most, 2 * W) << "worker " << w;
+        for (const int64_t s : {w, 2 * W - 1 - w}) {
+          for (const K kind : {K::kForward, K::kBackwardInput, K::kBackwardWeight}) {
+            EXPECT_EQ((counts[{s, kind}]), m) << "stage " << s << ", " << kind;
+          }
+        }
+      }
+    }
+  }
+}
+
+// With unit costs ZBV has no bubble once there are as many micro-batches as workers: each worker
+// computes its 6M actions (F, B and W of two stages) in 6M + W - 1 rounds, W - 1 being how long
+// the first micro-batch takes to reach the last worker, which no schedule avoids. (1F1B on W
+// stages of twice the size takes (M + W - 1)(2 + 4) = 6M + 6(W - 1) such rounds.)
+TEST(ScheduleValidateTest, ZbvFillsItsBubbleWithUnitCosts) {
+  for (int64_t W = 1; W <= 4; ++W) {
+    for (int64_t m = W; m <= 16; ++m) {
+      EXPECT_EQ(simulate(zbv_schedule(W, m)).num_rounds, 6 * m + W - 1)
+          << W << " workers, " << m << " micro-batches";
+    }
+  }
+}
+
 TEST(ScheduleValidateTest, InterleavedRunsEveryStageOnItsWorker) {
   const Schedule schedule = interleaved_one_f_one_b_schedule(2, 2, 4);
   EXPECT_EQ(schedule.num_workers, 2);
@@ -120,18 +169,24 @@ TEST(ScheduleValidateTest, MakeScheduleChecksStages) {
   EXPECT_EQ(c10::str(ScheduleKind::kZeroBubble), "zb1p");
   GPIPE_EXPECT_THROW_WITH(make_schedule(ScheduleKind::kZeroBubble, 2, 4, 4), c10::ValueError,
                           "schedule zb1p runs one stage per worker, but got 4 stages for 2");
+  EXPECT_EQ(parse_schedule_kind("zbv"), ScheduleKind::kZeroBubbleV);
+  GPIPE_EXPECT_THROW_WITH(make_schedule(ScheduleKind::kZeroBubbleV, 2, 2, 4), c10::ValueError,
+                          "schedule zbv runs two stages per worker in a V, but got 2 stages for 2");
+  EXPECT_EQ(make_schedule(ScheduleKind::kZeroBubbleV, 3, 6, 4).placement, Placement::kV);
   GPIPE_EXPECT_THROW_WITH(
       parse_schedule_kind("zb"), c10::ValueError,
-      "unknown schedule kind 'zb' (expected gpipe, 1f1b, interleaved_1f1b, zb1p)");
+      "unknown schedule kind 'zb' (expected gpipe, 1f1b, interleaved_1f1b, zb1p, zbv)");
   for (const auto& name : schedule_names()) EXPECT_EQ(c10::str(parse_schedule_kind(name)), name);
-  EXPECT_EQ(schedule_names().size(), 4u);
+  EXPECT_EQ(schedule_names().size(), 5u);
 }
 
 // The one rule of every engine and the command, worded with the caller's names for the options.
 TEST(ScheduleValidateTest, ScheduleOptionRules) {
   for (const auto& name : schedule_names()) {
     const ScheduleKind kind = parse_schedule_kind(name);
-    EXPECT_NO_THROW(check_schedule_options(kind, 1, CheckpointMode::kNever)) << name;
+    const int64_t stages_per_worker = kind == ScheduleKind::kZeroBubbleV ? 2 : 1;
+    EXPECT_NO_THROW(check_schedule_options(kind, stages_per_worker, CheckpointMode::kNever))
+        << name;
     GPIPE_EXPECT_THROW_WITH(check_schedule_options(kind, 0, CheckpointMode::kNever),
                             c10::ValueError, "stages_per_worker must be positive, but got 0");
   }
@@ -140,7 +195,14 @@ TEST(ScheduleValidateTest, ScheduleOptionRules) {
   GPIPE_EXPECT_THROW_WITH(
       check_schedule_options(ScheduleKind::kGPipe, 2, CheckpointMode::kNever), c10::ValueError,
       "schedule gpipe runs one stage per worker, but stages_per_worker is 2 (more than 1 only "
-      "with interleaved_1f1b)");
+      "with interleaved_1f1b, 2 with zbv)");
+  GPIPE_EXPECT_THROW_WITH(
+      check_schedule_options(ScheduleKind::kZeroBubbleV, 1, CheckpointMode::kNever),
+      c10::ValueError,
+      "schedule zbv runs two stages per worker in a V, but stages_per_worker is 1 (set it to 2)");
+  GPIPE_EXPECT_THROW_WITH(
+      check_schedule_options(ScheduleKind::kZeroBubbleV, 2, CheckpointMode::kAlways),
+      c10::ValueError, "schedule zbv splits each backward into input and weight gradients");
   GPIPE_EXPECT_THROW_WITH(
       check_schedule_options(ScheduleKind::kZeroBubble, 1, CheckpointMode::kExceptLast),
       c10::ValueError,
@@ -171,6 +233,12 @@ TEST(ScheduleValidateTest, MakeScheduleRefusesHugeCounts) {
                           "2 workers with 9223372036854775807 stages each make "
                           "18446744073709551614 stages, more than the 4294967296 a schedule can "
                           "hold");
+  GPIPE_EXPECT_THROW_WITH(zbv_schedule(1, kMax), c10::ValueError,
+                          "a schedule of 2 stages and 9223372036854775807 micro-batches has "
+                          "18446744073709551614 (stage, micro-batch) cells");
+  GPIPE_EXPECT_THROW_WITH(zbv_schedule(kMax, 2), c10::ValueError,
+                          "9223372036854775807 workers with 2 stages each make more than the "
+                          "4294967296 stages a schedule can hold");
 }
 
 Schedule two_stages(std::vector<Action> worker0, std::vector<Action> worker1, int64_t m = 1) {

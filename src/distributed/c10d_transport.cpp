@@ -71,6 +71,10 @@ C10dTransport::C10dTransport(ProcessGroup group, int64_t num_stages, C10dTranspo
   TORCH_CHECK_VALUE(num_stages > 0, "num_stages must be positive, but got ", num_stages);
   TORCH_CHECK_VALUE(group_.world_size() % pipeline_size_ == 0, "pipelines of ", pipeline_size_,
                     " ranks do not divide WORLD_SIZE = ", group_.world_size());
+  TORCH_CHECK_VALUE(
+      options_.placement() != schedule::Placement::kV || num_stages == 2 * pipeline_size_,
+      "the V placement runs 2 stages on each of ", pipeline_size_, " ranks, but got ", num_stages,
+      " stages");
   TORCH_CHECK_VALUE(options_.timeout().count() > 0, "timeout must be positive, but got ",
                     options_.timeout().count(), " ms");
   TORCH_CHECK_VALUE(options_.poll_interval().count() > 0,

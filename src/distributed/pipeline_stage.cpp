@@ -11,6 +11,7 @@
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 #include <torch/cuda.h>
 
@@ -80,8 +81,9 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
   num_stages_ = static_cast<int64_t>(balance.size());
   by_index_.assign(num_stages_, nullptr);
   auto parts = detail::split_by_balance(module, balance);
+  const schedule::Placement placement = schedule::placement_of(options_.schedule());
   for (const auto s : c10::irange(num_stages_)) {
-    if (s % P != rank % P) continue;
+    if (schedule::worker_of(placement, s, P) != rank % P) continue;
     parts[s]->to(device);
     stages_.push_back(std::make_unique<schedule::Stage>(s, num_stages_, std::move(parts[s]), device,
                                                         options_.checkpoint()));
@@ -100,6 +102,7 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
                                                    .timeout(options_.timeout())
                                                    .poll_interval(options_.poll_interval())
                                                    .pipeline_size(P)
+                                                   .placement(placement)
                                                    .device(device));
   // Fails early for a schedule that cannot run these stages.
   schedule(1);
@@ -119,8 +122,8 @@ std::vector<int64_t> PipelineStage::stage_indices() const {
 
 torch::nn::Sequential& PipelineStage::stage_module(int64_t index) {
   TORCH_CHECK_INDEX(index >= 0 && index < num_stages_ && by_index_[index] != nullptr, "rank ",
-                    rank(), " does not run stage ", index, " (it runs every ", pipeline_size(),
-                    "th stage from ", rank() % pipeline_size(), ")");
+                    rank(), " does not run stage ", index, " (it runs stages ",
+                    c10::Join(", ", stage_indices()), ")");
   return by_index_[index]->module();
 }
 
@@ -149,8 +152,11 @@ at::Tensor PipelineStage::step(const Batch& input, const Batch& target) {
     const auto& actions = plan.actions[rank() % pipeline_size()];
     std::map<std::pair<int64_t, int64_t>, int64_t> receives;  // per (from, to) stage
     for (const auto& a : actions) {
-      if (a.kind == schedule::ActionKind::kRecvActivation) ++receives[{a.stage - 1, a.stage}];
-      if (a.kind == schedule::ActionKind::kRecvGradient) ++receives[{a.stage + 1, a.stage}];
+      const int64_t from = a.kind == schedule::ActionKind::kRecvActivation ? a.stage - 1
+                           : a.kind == schedule::ActionKind::kRecvGradient ? a.stage + 1
+                                                                           : -1;
+      // A message from a stage of this rank never reaches the transport (run_actions.h).
+      if (from >= 0 && by_index_[from] == nullptr) ++receives[{from, a.stage}];
     }
     for (const auto& [edge, count] : receives) transport_->expect(edge.first, edge.second, count);
     // The loss travels as (value, dtype) in double precision.

@@ -27,6 +27,21 @@ std::ostream& operator<<(std::ostream& out, ActionKind kind) {
   return out << "ActionKind(" << static_cast<int>(kind) << ")";
 }
 
+std::ostream& operator<<(std::ostream& out, Placement placement) {
+  switch (placement) {
+    case Placement::kLooped:
+      return out << "looped";
+    case Placement::kV:
+      return out << "V";
+  }
+  return out << "Placement(" << static_cast<int>(placement) << ")";
+}
+
+int64_t worker_of(Placement placement, int64_t stage, int64_t num_workers) {
+  if (placement == Placement::kV && stage >= num_workers) return 2 * num_workers - 1 - stage;
+  return stage % num_workers;
+}
+
 bool is_compute(ActionKind kind) {
   return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
          kind == ActionKind::kBackwardInput || kind == ActionKind::kBackwardWeight;

@@ -7,6 +7,7 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -73,6 +74,8 @@ std::ostream& operator<<(std::ostream& out, ScheduleKind kind) {
       return out << "interleaved_1f1b";
     case ScheduleKind::kZeroBubble:
       return out << "zb1p";
+    case ScheduleKind::kZeroBubbleV:
+      return out << "zbv";
   }
   return out << "ScheduleKind(" << static_cast<int>(kind) << ")";
 }
@@ -82,33 +85,49 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "1f1b") return ScheduleKind::kOneFOneB;
   if (name == "interleaved_1f1b") return ScheduleKind::kInterleavedOneFOneB;
   if (name == "zb1p") return ScheduleKind::kZeroBubble;
+  if (name == "zbv") return ScheduleKind::kZeroBubbleV;
   TORCH_CHECK_VALUE(false, "unknown schedule kind '", name, "' (expected ",
                     c10::Join(", ", schedule_names()), ")");
 }
 
 std::vector<std::string> schedule_names() {
   std::vector<std::string> names;
-  for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
-                          ScheduleKind::kInterleavedOneFOneB, ScheduleKind::kZeroBubble}) {
+  for (const auto kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleavedOneFOneB,
+        ScheduleKind::kZeroBubble, ScheduleKind::kZeroBubbleV}) {
     names.push_back(c10::str(kind));
   }
   return names;
+}
+
+Placement placement_of(ScheduleKind kind) {
+  return kind == ScheduleKind::kZeroBubbleV ? Placement::kV : Placement::kLooped;
+}
+
+bool splits_backward(ScheduleKind kind) {
+  return kind == ScheduleKind::kZeroBubble || kind == ScheduleKind::kZeroBubbleV;
 }
 
 void check_schedule_options(ScheduleKind kind, int64_t stages_per_worker, CheckpointMode checkpoint,
                             const ScheduleOptionNames& names) {
   TORCH_CHECK_VALUE(stages_per_worker > 0, names.stages_per_worker, " must be positive, but got ",
                     stages_per_worker);
-  TORCH_CHECK_VALUE(stages_per_worker == 1 || kind == ScheduleKind::kInterleavedOneFOneB,
-                    names.schedule, " ", kind, " runs one stage per ", names.worker, ", but ",
-                    names.stages_per_worker, " is ", stages_per_worker,
-                    " (more than 1 only with interleaved_1f1b)");
+  if (kind == ScheduleKind::kZeroBubbleV) {
+    TORCH_CHECK_VALUE(stages_per_worker == 2, names.schedule, " ", kind, " runs two stages per ",
+                      names.worker, " in a V, but ", names.stages_per_worker, " is ",
+                      stages_per_worker, " (set it to 2)");
+  } else {
+    TORCH_CHECK_VALUE(stages_per_worker == 1 || kind == ScheduleKind::kInterleavedOneFOneB,
+                      names.schedule, " ", kind, " runs one stage per ", names.worker, ", but ",
+                      names.stages_per_worker, " is ", stages_per_worker,
+                      " (more than 1 only with interleaved_1f1b, 2 with zbv)");
+  }
   // A checkpoint's recomputation runs inside one autograd node, which has no split point
   // between the input's and the parameters' gradients.
-  TORCH_CHECK_VALUE(
-      checkpoint == CheckpointMode::kNever || kind != ScheduleKind::kZeroBubble, names.schedule,
-      " ", kind, " splits each backward into input and weight gradients, which ", names.checkpoint,
-      " cannot: use ", names.checkpoint, " with gpipe, 1f1b or interleaved_1f1b");
+  TORCH_CHECK_VALUE(checkpoint == CheckpointMode::kNever || !splits_backward(kind), names.schedule,
+                    " ", kind, " splits each backward into input and weight gradients, which ",
+                    names.checkpoint, " cannot: use ", names.checkpoint,
+                    " with gpipe, 1f1b or interleaved_1f1b");
 }
 
 Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches) {
@@ -247,6 +266,85 @@ Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_pe
   return with_communication(W, S, M, computes);
 }
 
+Schedule zbv_schedule(int64_t num_workers, int64_t num_microbatches) {
+  check_positive(num_workers, "num_workers");
+  TORCH_CHECK_VALUE(num_workers <= kMaxCells / 2, num_workers,
+                    " workers with 2 stages each make more than the ", kMaxCells,
+                    " stages a schedule can hold");
+  check_size(2 * num_workers, num_microbatches);
+  const int64_t W = num_workers;
+  const int64_t S = 2 * W;
+  const int64_t M = num_microbatches;
+  // A worker holds at most 2W chunk micro-batches (forwarded, weight gradient not yet computed),
+  // W stages' worth: the memory of 1F1B's first stage.
+  const int64_t limit = 2 * W;
+
+  // Simulates in unit-time ticks: a result computed at tick t is usable from tick t + 1. Each
+  // stage runs its forwards, input gradients and weight gradients in micro-batch order.
+  constexpr int64_t kNotYet = -1;
+  std::vector<int64_t> forward_tick(S * M, kNotYet), input_grad_tick(S * M, kNotYet);
+  const auto cell = [M](int64_t stage, int64_t i) { return stage * M + i; };
+  const auto done_before = [](int64_t tick, int64_t now) { return tick != kNotYet && tick < now; };
+  std::vector<int64_t> forwards(S, 0), backwards(S, 0), weights(S, 0);  // per stage: how many
+  std::vector<std::vector<Action>> computes(W);
+  for (int64_t tick = 0, finished = 0; finished < W; ++tick) {
+    bool progressed = false;
+    for (int pass = 0; pass < 2 && !progressed; ++pass) {
+      // The second pass, only when nothing could run, lifts the memory bound.
+      const bool bounded = pass == 0;
+      for (const auto w : c10::irange(W)) {
+        const int64_t down = w, up = S - 1 - w;  // the V's two stages on this worker
+        if (weights[down] == M && weights[up] == M) continue;
+        std::optional<Action> next;
+        // 1. An input gradient, the oldest micro-batch first: it is on the critical path.
+        for (const int64_t s : {up, down}) {
+          const int64_t i = backwards[s];
+          if (i == M || (next && next->microbatch <= i)) continue;
+          if (done_before(forward_tick[cell(s, i)], tick) &&
+              (s == S - 1 || done_before(input_grad_tick[cell(s + 1, i)], tick))) {
+            next = Action{ActionKind::kBackwardInput, i, s};
+          }
+        }
+        // 2. A forward under the memory bound, the stage nearer the loss first.
+        const int64_t held = forwards[down] - weights[down] + forwards[up] - weights[up];
+        if (!next && (!bounded || held < limit)) {
+          for (const int64_t s : {up, down}) {
+            const int64_t i = forwards[s];
+            if (!next && i < M && (s == 0 || done_before(forward_tick[cell(s - 1, i)], tick))) {
+              next = Action{ActionKind::kForward, i, s};
+            }
+          }
+        }
+        // 3. Otherwise a weight gradient, the oldest first: it fills what would be a bubble.
+        if (!next) {
+          for (const int64_t s : {up, down}) {
+            const int64_t i = weights[s];
+            if (i < backwards[s] && (!next || i < next->microbatch)) {
+              next = Action{ActionKind::kBackwardWeight, i, s};
+            }
+          }
+        }
+        if (!next) continue;
+        const int64_t s = next->stage;
+        if (next->kind == ActionKind::kForward) {
+          forward_tick[cell(s, forwards[s]++)] = tick;
+        } else if (next->kind == ActionKind::kBackwardInput) {
+          input_grad_tick[cell(s, backwards[s]++)] = tick;
+        } else {
+          ++weights[s];
+          if (weights[down] == M && weights[up] == M) ++finished;
+        }
+        computes[w].push_back(*next);
+        progressed = true;
+      }
+    }
+    TORCH_INTERNAL_ASSERT(progressed, "ZBV generator stalled at tick ", tick);
+  }
+  Schedule schedule = with_communication(W, S, M, computes);
+  schedule.placement = Placement::kV;
+  return schedule;
+}
+
 Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stages,
                        int64_t num_microbatches) {
   check_positive(num_workers, "num_workers");
@@ -270,6 +368,11 @@ Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stage
                         num_stages, " stages for ", num_workers, " workers");
       return interleaved_one_f_one_b_schedule(num_workers, num_stages / num_workers,
                                               num_microbatches);
+    case ScheduleKind::kZeroBubbleV:
+      TORCH_CHECK_VALUE(num_stages == 2 * num_workers, "schedule ", kind,
+                        " runs two stages per worker in a V, but got ", num_stages, " stages for ",
+                        num_workers, " workers");
+      return zbv_schedule(num_workers, num_microbatches);
   }
   TORCH_CHECK_VALUE(false, "unknown schedule kind ", static_cast<int>(kind));
 }

@@ -52,6 +52,10 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
     from.erase(it);
     return batch;
   };
+  // A message between two stages of this worker goes straight into the receiver's inbox.
+  const auto runs = [&stages](int64_t s) {
+    return s >= 0 && s < static_cast<int64_t>(stages.size()) && stages[s] != nullptr;
+  };
   for (const Action& a : actions) {
     TORCH_INTERNAL_ASSERT(
         a.stage >= 0 && a.stage < static_cast<int64_t>(stages.size()) && stages[a.stage] != nullptr,
@@ -63,7 +67,11 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
     trace::TraceSpan span(trace_name(a.kind), a.stage, i);
     switch (a.kind) {
       case ActionKind::kRecvActivation:
-        received_inputs.emplace(key(a), transport.recv(a.stage - 1, a.stage, i));
+        if (runs(a.stage - 1)) {
+          TORCH_INTERNAL_ASSERT(received_inputs.count(key(a)), "nothing sent here for ", a);
+        } else {
+          received_inputs.emplace(key(a), transport.recv(a.stage - 1, a.stage, i));
+        }
         break;
       case ActionKind::kForward: {
         Batch input = stage.is_first() ? step.inputs[i] : take(received_inputs, key(a), a);
@@ -75,10 +83,18 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
         break;
       }
       case ActionKind::kSendActivation:
-        transport.send(take(outputs, key(a), a), a.stage, a.stage + 1, i);
+        if (runs(a.stage + 1)) {
+          received_inputs.emplace(std::make_pair(a.stage + 1, i), take(outputs, key(a), a));
+        } else {
+          transport.send(take(outputs, key(a), a), a.stage, a.stage + 1, i);
+        }
         break;
       case ActionKind::kRecvGradient:
-        received_grads.emplace(key(a), transport.recv(a.stage + 1, a.stage, i));
+        if (runs(a.stage + 1)) {
+          TORCH_INTERNAL_ASSERT(received_grads.count(key(a)), "nothing sent here for ", a);
+        } else {
+          received_grads.emplace(key(a), transport.recv(a.stage + 1, a.stage, i));
+        }
         break;
       case ActionKind::kBackward:
       case ActionKind::kBackwardInput: {
@@ -93,7 +109,11 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
         stage.backward_weight(i);
         break;
       case ActionKind::kSendGradient:
-        transport.send(take(grad_inputs, key(a), a), a.stage, a.stage - 1, i);
+        if (runs(a.stage - 1)) {
+          received_grads.emplace(std::make_pair(a.stage - 1, i), take(grad_inputs, key(a), a));
+        } else {
+          transport.send(take(grad_inputs, key(a), a), a.stage, a.stage - 1, i);
+        }
         break;
     }
   }

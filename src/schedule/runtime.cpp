@@ -86,8 +86,10 @@ void PipelineSchedule::run_worker(int64_t worker, const Schedule& schedule, cons
     at::set_num_threads(static_cast<int>(options_.intra_op_threads()));
   }
   trace::UseTracer use_tracer(options_.tracer().get(), worker, steps_);
-  std::vector<Stage*> stages;
-  for (auto& stage : stages_) stages.push_back(stage.get());
+  std::vector<Stage*> stages(stages_.size(), nullptr);
+  for (const auto s : c10::irange(stages_.size())) {
+    if (schedule.worker_of(s) == worker) stages[s] = stages_[s].get();
+  }
   run_actions(schedule.actions[worker], stages, transport, step, losses);
 }
 

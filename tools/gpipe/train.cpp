@@ -131,7 +131,8 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
   option(pipeline, "--schedule", c.schedule, listed(schedule::schedule_names()))
       ->type_name("NAME")
       ->check(one_of(schedule::schedule_names()));
-  option(pipeline, "--virtual-stages", c.virtual_stages, "stages per worker, for interleaved_1f1b")
+  option(pipeline, "--virtual-stages", c.virtual_stages,
+         "stages per worker: any for interleaved_1f1b, 2 for zbv")
       ->check(at_least(1));
   const std::vector<std::string> modes = {"never", "always", "except_last"};
   option(pipeline, "--checkpoint", f.checkpoint, listed(modes) + ": what backward recomputes")
@@ -391,7 +392,10 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   }
   std::snprintf(line, sizeof(line),
                 "\nbubble: %.1f%% of worker time idle (%s bound %.1f%%); %lld tasks traced\n",
-                100 * report.bubble_fraction, c.schedule == "zb1p" ? "1F1B's" : "schedule",
+                100 * report.bubble_fraction,
+                c.schedule == "zb1p"  ? "1F1B's"
+                : c.schedule == "zbv" ? "interleaved 1F1B's"
+                                      : "schedule",
                 100 * report.bubble_bound, static_cast<long long>(report.traced_tasks));
   out << line;
   if (!c.trace.empty()) out << "trace: " << c.trace << "\n";

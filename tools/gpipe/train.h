@@ -34,7 +34,7 @@ struct TrainConfig {
   int64_t stages = 2;  // on ranks: WORLD_SIZE x virtual_stages
   int64_t chunks = 4;
   std::string schedule = "1f1b";
-  int64_t virtual_stages = 1;  // stages per worker, for interleaved_1f1b
+  int64_t virtual_stages = 1;  // stages per worker, for interleaved_1f1b and zbv
   CheckpointMode checkpoint = CheckpointMode::kNever;
   int64_t threads = 1;               // intra-op threads per stage
   std::vector<c10::Device> devices;  // one per stage; on ranks, one per rank

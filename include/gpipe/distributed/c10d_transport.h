@@ -1,14 +1,14 @@
 // C10dTransport: the Transport (schedule/transport.h) between processes, over c10d: Gloo for
 // CPU tensors, NCCL for CUDA tensors.
 //
-// Stage s runs on rank s % world_size (or on rank s % P of this rank's block of P ranks, with
-// several pipelines side by side: pipeline_size). A batch starts with a fixed-size header (int64:
-// kind, micro-batch, stages, and per tensor its dtype and shape), all on the directed edge's own
-// tag, so edges between the same two ranks (interleaved schedules) never mix. A batch no larger
-// than the largest before it on its edge travels as one message, header and tensors' bytes
-// together, into a buffer of that size (received tensors are views of it); a larger one, such as
-// the edge's first, as the header and then one message per non-empty tensor. Sends are
-// asynchronous: their work is kept until flush().
+// Stage s runs on rank s % world_size, or as the V placement says (schedule/action.h), of the
+// world or of this rank's block of P ranks, with several pipelines side by side: pipeline_size. A
+// batch starts with a fixed-size header (int64: kind, micro-batch, stages, and per tensor its dtype
+// and shape), all on the directed edge's own tag, so edges between the same two ranks (interleaved
+// schedules) never mix. A batch no larger than the largest before it on its edge travels as one
+// message, header and tensors' bytes together, into a buffer of that size (received tensors are
+// views of it); a larger one, such as the edge's first, as the header and then one message per
+// non-empty tensor. Sends are asynchronous: their work is kept until flush().
 //
 // Why one message and receives posted ahead (expect()): Gloo writes a send only once the
 // receiver has posted its receive. Posted on demand, a batch started moving when the receiving
@@ -48,6 +48,7 @@
 #pragma once
 
 #include "gpipe/distributed/rendezvous.h"
+#include "gpipe/schedule/action.h"
 #include "gpipe/schedule/transport.h"
 
 #include <c10/core/Device.h>
@@ -78,9 +79,12 @@ struct C10dTransportOptions {
   TORCH_ARG(std::chrono::milliseconds, poll_interval) = std::chrono::milliseconds(50);
 
   /// The ranks of one pipeline: ranks come in consecutive blocks of this many, one pipeline
-  /// (replica) each, and stage s runs on the block's rank s % pipeline_size (data_parallel.h);
-  /// 0 for the whole world. Default: 0.
+  /// (replica) each (data_parallel.h); 0 for the whole world. Default: 0.
   TORCH_ARG(int64_t, pipeline_size) = 0;
+
+  /// Which rank of the pipeline runs which stage: stage s on its rank s % pipeline_size, or in a
+  /// V. Default: schedule::Placement::kLooped.
+  TORCH_ARG(schedule::Placement, placement) = schedule::Placement::kLooped;
 
   /// The device of this rank's stages: every tensor sent is on it and every batch received lands
   /// on it. CPU goes over Gloo, CUDA over NCCL. Default: CPU.
@@ -170,7 +174,8 @@ class C10dTransport : public schedule::Transport {
   int64_t pipeline_size() const { return pipeline_size_; }
   /// The rank that runs `stage` in this rank's pipeline.
   int64_t rank_of(int64_t stage) const {
-    return rank() / pipeline_size_ * pipeline_size_ + stage % pipeline_size_;
+    return rank() / pipeline_size_ * pipeline_size_ +
+           schedule::worker_of(options_.placement(), stage, pipeline_size_);
   }
 
  private:

@@ -2,16 +2,22 @@
 // runs (forward micro-batch i of stage s, backward, and the sends and receives between stages).
 //
 // Stages and workers: a model is cut into `num_stages` stages; `num_workers` workers (threads or
-// processes) run them, worker w running every stage s with s % num_workers == w. With one stage
-// per worker (GPipe, 1F1B) stage s runs on worker s; interleaved 1F1B gives each worker
-// num_stages / num_workers "virtual" stages (Megatron-LM's looped placement).
+// processes) run them, as the schedule's Placement says. Looped: worker w runs every stage s with
+// s % num_workers == w - one stage each (GPipe, 1F1B) or, interleaved, num_stages / num_workers
+// "virtual" stages (Megatron-LM's looped placement). V: two stages per worker, worker w running
+// stage w on the way down and stage 2W - 1 - w on the way back, so that worker 0 runs the first
+// stage and the last:
+//
+//   looped, W = 2, 4 stages:  worker 0: 0 2     V, W = 2, 4 stages:  worker 0: 0 . . 3
+//                             worker 1: 1 3                          worker 1: . 1 2 .
 //
 // Messages: stage s sends the activation of micro-batch i to stage s + 1 (kSendActivation on s,
 // kRecvActivation on s + 1) and stage s + 1 sends the gradient of that input back
-// (kSendGradient on s + 1, kRecvGradient on s). A backward is either one kBackward or, in
-// zero-bubble schedules, kBackwardInput (whose result is sent) and later kBackwardWeight. Each
-// directed edge between two stages carries its messages first in, first out, so a receiver takes
-// them in the order they were sent.
+// (kSendGradient on s + 1, kRecvGradient on s); between two stages of one worker (the V's turn)
+// they never leave it. A backward is either one kBackward or, in zero-bubble schedules,
+// kBackwardInput (whose result is sent) and later kBackwardWeight. Each directed edge between two
+// stages carries its messages first in, first out, so a receiver takes them in the order they
+// were sent.
 //
 // Thread safety: plain values; a const Schedule may be read from any thread.
 #pragma once
@@ -41,6 +47,18 @@ std::ostream& operator<<(std::ostream& out, ActionKind kind);
 /// True for kForward, kBackward, kBackwardInput and kBackwardWeight, the actions that compute.
 bool is_compute(ActionKind kind);
 
+/// Which worker runs which stage (the diagram above).
+enum class Placement {
+  kLooped,  ///< stage s on worker s % W
+  kV,       ///< two stages per worker: stage s < W on worker s, stage s >= W on worker 2W - 1 - s
+};
+
+std::ostream& operator<<(std::ostream& out, Placement placement);
+
+/// The worker that runs `stage` of `num_workers` workers under `placement`.
+/// REQUIRES: stage is not negative; under kV, stage < 2 * num_workers.
+int64_t worker_of(Placement placement, int64_t stage, int64_t num_workers);
+
 /// One step of a worker: `kind` for micro-batch `microbatch` on stage `stage`.
 struct Action {
   ActionKind kind;
@@ -64,11 +82,15 @@ struct Schedule {
   int64_t num_workers = 0;
   int64_t num_stages = 0;
   int64_t num_microbatches = 0;
+  /// Which worker runs which stage; kV needs num_stages == 2 * num_workers.
+  Placement placement = Placement::kLooped;
   /// actions[w] is the ordered list of worker w.
   std::vector<std::vector<Action>> actions;
 
-  /// The worker that runs `stage`: stage % num_workers.
-  int64_t worker_of(int64_t stage) const { return stage % num_workers; }
+  /// The worker that runs `stage`.
+  int64_t worker_of(int64_t stage) const {
+    return schedule::worker_of(placement, stage, num_workers);
+  }
 };
 
 }  // namespace schedule

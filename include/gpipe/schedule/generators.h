@@ -1,5 +1,5 @@
-// Schedule generators: GPipe (fill-drain), 1F1B, interleaved 1F1B and zero-bubble ZB1P as lists
-// of actions.
+// Schedule generators: GPipe (fill-drain), 1F1B, interleaved 1F1B and the zero-bubble ZB1P and
+// ZBV as lists of actions.
 //
 // Every generator places the receive of a tensor right before the compute that uses it and the
 // send right after the compute that produces it, so a worker blocks only when its input has not
@@ -23,6 +23,15 @@
 //     last stage, which finishes its B's first, defers the most W's, and they fill the cooldown
 //     waits that 1F1B leaves idle. Stage s holds at most S micro-batches (S - s not yet through B,
 //     s more waiting for W), as 1F1B's stage 0 does.
+//   ZBV (ZB-V of "Pipeline Parallelism with Controllable Memory", Qi et al., 2024): 2W stages on
+//     W workers in a V (action.h), backwards split as in ZB1P. Worker 0 computes the loss right
+//     after the first stage's forward, so backwards start W stages sooner than in 1F1B. Each
+//     worker, at each unit-time tick of a simulation, runs the input gradient of its oldest
+//     micro-batch that is ready (the critical path), else a forward (the stage nearer the loss
+//     first) while it holds fewer than 2W micro-batches of its stages - half-size stages, so the
+//     memory of 1F1B's first stage - else its oldest pending weight gradient; the bound lifts
+//     only in a tick where nothing else could run. With unit costs its bubble vanishes as M grows
+//     past 2W (docs/schedules.md).
 //
 // Thread safety: pure functions.
 #pragma once
@@ -44,15 +53,23 @@ enum class ScheduleKind {
   kOneFOneB,             ///< one forward, one backward (PipeDream-Flush)
   kInterleavedOneFOneB,  ///< 1F1B with several virtual stages per worker
   kZeroBubble,           ///< ZB1P: 1F1B with backward split, weight gradients fill the bubbles
+  kZeroBubbleV,          ///< ZBV: two stages per worker in a V, backward split as in ZB1P
 };
 
 std::ostream& operator<<(std::ostream& out, ScheduleKind kind);
 
-/// Parses "gpipe", "1f1b", "interleaved_1f1b" or "zb1p". Throws c10::ValueError for anything else.
+/// Parses "gpipe", "1f1b", "interleaved_1f1b", "zb1p" or "zbv". Throws c10::ValueError for anything
+/// else.
 ScheduleKind parse_schedule_kind(const std::string& name);
 
 /// Every name parse_schedule_kind accepts, in the order of ScheduleKind.
 std::vector<std::string> schedule_names();
+
+/// Where the schedules of `kind` place their stages: kV for kZeroBubbleV, else kLooped.
+Placement placement_of(ScheduleKind kind);
+
+/// True for the schedules that split each backward into kBackwardInput and kBackwardWeight.
+bool splits_backward(ScheduleKind kind);
 
 /// The names a caller knows the options of check_schedule_options by, for its messages (e.g. a
 /// command's flags).
@@ -64,8 +81,9 @@ struct ScheduleOptionNames {
 };
 
 /// The rules every engine and the command apply to a schedule's options: stages_per_worker is
-/// positive, and more than 1 only for kInterleavedOneFOneB; checkpointing is not for kZeroBubble,
-/// whose split backward has no place for a recomputation. Throws c10::ValueError naming the
+/// positive, 2 for kZeroBubbleV, and more than 1 only for it and kInterleavedOneFOneB;
+/// checkpointing is not for the schedules that split backwards, which leave no place for a
+/// recomputation. Throws c10::ValueError naming the
 /// options by `names`.
 void check_schedule_options(ScheduleKind kind, int64_t stages_per_worker, CheckpointMode checkpoint,
                             const ScheduleOptionNames& names = {});
@@ -87,9 +105,13 @@ Schedule zb1p_schedule(int64_t num_stages, int64_t num_microbatches);
 Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_per_worker,
                                           int64_t num_microbatches);
 
+/// ZBV: `num_workers` workers with two stages each in a V (Placement::kV). Throws
+/// c10::ValueError unless both are positive.
+Schedule zbv_schedule(int64_t num_workers, int64_t num_microbatches);
+
 /// The schedule of `kind` for `num_stages` stages on `num_workers` workers. GPipe, 1F1B and ZB1P
 /// need num_stages == num_workers; interleaved 1F1B needs num_stages to be a multiple of
-/// num_workers. Throws c10::ValueError otherwise.
+/// num_workers; ZBV needs num_stages == 2 * num_workers. Throws c10::ValueError otherwise.
 Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stages,
                        int64_t num_microbatches);
 

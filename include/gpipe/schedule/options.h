@@ -41,14 +41,15 @@ class ScheduleOptions {
   Options& schedule(ScheduleKind value) { return schedule_ = value, self(); }
   ScheduleKind schedule() const { return schedule_; }
 
-  /// Stages per worker; more than 1 only for kInterleavedOneFOneB, where worker w runs stages
-  /// w, w + W, ... (W workers). Default: 1.
+  /// Stages per worker: 1, any number for kInterleavedOneFOneB (worker w runs stages w, w + W,
+  /// ... of W workers), 2 for kZeroBubbleV (stages w and 2W - 1 - w). Default: 1.
   Options& stages_per_worker(int64_t value) { return stages_per_worker_ = value, self(); }
   int64_t stages_per_worker() const { return stages_per_worker_; }
 
   /// Activation checkpointing in every stage: a checkpointed forward keeps only its input and
   /// its backward recomputes. kExceptLast spares the step's last micro-batch, as in GPipe. Not
-  /// with kZeroBubble, whose split backward it cannot split. Default: CheckpointMode::kNever.
+  /// with kZeroBubble or kZeroBubbleV, whose split backward it cannot split.
+  /// Default: CheckpointMode::kNever.
   Options& checkpoint(CheckpointMode value) { return checkpoint_ = value, self(); }
   CheckpointMode checkpoint() const { return checkpoint_; }
 

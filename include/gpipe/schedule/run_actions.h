@@ -2,8 +2,9 @@
 //
 // The loop shared by PipelineSchedule (one thread per worker, runtime.h) and
 // distributed::PipelineStage (one process per worker, distributed/pipeline_stage.h): forwards and
-// backwards call the Stage, sends and receives call the Transport, and what one action produces
-// waits in a map until the action that uses it.
+// backwards call the Stage, sends and receives call the Transport (but between two stages of the
+// same worker, as at the turn of a V), and what one action produces waits in a map until the
+// action that uses it.
 //
 // Thread safety: runs on the calling thread; the stages it runs must not be used elsewhere
 // meanwhile. Each action is a trace span (trace.h) and tags its CPU allocations with its stage
@@ -33,7 +34,8 @@ struct StepInputs {
   const LossFunction& loss;
 };
 
-/// Runs `actions` in order. `stages[s]` is stage s (null for stages of other workers);
+/// Runs `actions` in order. `stages[s]` is stage s (null for stages of other workers); a message
+/// between two stages of this worker never reaches the transport;
 /// losses[i] receives the scaled loss of micro-batch i where this worker runs the last stage.
 /// Rethrows the first exception of a stage or the transport; the stages then still hold what
 /// was pending. REQUIRES: losses.size() is the number of micro-batches.

@@ -1,5 +1,5 @@
 // PipelineSchedule: trains a model split into stages with an explicit pipeline schedule (GPipe,
-// 1F1B, interleaved 1F1B, ZB1P), one worker thread per group of stages, forward and backward
+// 1F1B, interleaved 1F1B, ZB1P, ZBV), one worker thread per group of stages, forward and backward
 // running in parallel across stages.
 //
 // step(input, target) splits the batch into micro-batches, validates the schedule (validate.h),
@@ -82,9 +82,9 @@ struct PipelineScheduleOptions : ScheduleOptions<PipelineScheduleOptions> {
 class PipelineSchedule {
  public:
   /// One Sequential per stage, in order. Throws c10::ValueError for no stages, an empty stage,
-  /// a stage count that the schedule cannot run, a non-positive option, checkpoint with
-  /// kZeroBubble, or a skip connection (skip/skippable.h) between stages; c10::IndexError for
-  /// too few devices.
+  /// a stage count that the schedule cannot run, a non-positive option, checkpoint with a
+  /// schedule that splits backwards, or a skip connection (skip/skippable.h) between stages;
+  /// c10::IndexError for too few devices.
   PipelineSchedule(std::vector<torch::nn::Sequential> stages, LossFunction loss,
                    PipelineScheduleOptions options);
 
