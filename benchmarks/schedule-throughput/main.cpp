@@ -1,9 +1,11 @@
-// Throughput of explicit pipeline schedules (GPipe, 1F1B, ZB1P) on CPU threads against the plain
-// model, side by side in one run: 2 stages x 1 intra-op thread each vs (a) the plain model on 1
+// Throughput of explicit pipeline schedules (GPipe, 1F1B, ZB1P, ZBV) on CPU threads against the
+// plain model, side by side in one run: 2 workers x 1 intra-op thread each (ZBV: 4 half-size
+// stages in a V on them) vs (a) the plain model on 1
 // thread and (b) the plain model on 2 intra-op threads. With M micro-batches the bubble bounds
 // the speedup of GPipe and 1F1B over (a) at 2 * M / (M + 1) (1.78x for M = 8); ZB1P's weight
-// passes fill part of that bubble. Also prints each one's peak CPU tensor
-// memory during a step (the tracking allocator), above what the model holds, and the plain model
+// passes fill part of that bubble, and ZBV's more of it. Also prints each one's peak CPU tensor
+// memory during a step (the tracking allocator), above what the model holds, in all and per
+// stage, and the plain model
 // run micro-batch by micro-batch on one thread: smaller matrix products cost more CPU time per
 // sample (OpenBLAS packs the whole weight matrix on every call), which no schedule wins back.
 // Default: 16 x Linear(1024, 1024) + Tanh, batch 4096, so micro-batches of 512 rows, which cost
@@ -84,8 +86,10 @@ double median(std::vector<double> values) {
 struct Candidate {
   std::string name;
   std::function<void()> step;
+  int64_t stages = 0;  // of a pipeline, whose stages' peaks are measured too
   std::vector<double> times = {};
   int64_t peak = 0;
+  std::vector<int64_t> stage_peaks = {};
   std::vector<double> cpu = {};
 };
 
@@ -124,6 +128,7 @@ int main(int argc, char** argv) {
   auto gpipe_model = make_model(width, layers);
   auto one_f_one_b_model = make_model(width, layers);
   auto zero_bubble_model = make_model(width, layers);
+  auto zbv_model = make_model(width, layers);
   namespace gs = gpipe::schedule;
   gs::PipelineSchedule gpipe_pipe(
       gpipe_model, balance, loss,
@@ -136,6 +141,13 @@ int main(int argc, char** argv) {
                                         gs::PipelineScheduleOptions(chunks)
                                             .schedule(gs::ScheduleKind::kZeroBubble)
                                             .intra_op_threads(1));
+  const int64_t quarter = 2 * layers / 4;  // modules (Linear and Tanh) per ZBV stage
+  gs::PipelineSchedule zbv_pipe(zbv_model, {2 * layers - 3 * quarter, quarter, quarter, quarter},
+                                loss,
+                                gs::PipelineScheduleOptions(chunks)
+                                    .schedule(gs::ScheduleKind::kZeroBubbleV)
+                                    .stages_per_worker(2)
+                                    .intra_op_threads(1));
 
   auto plain_step = [&](int threads) {
     set_threads(threads);
@@ -158,28 +170,33 @@ int main(int argc, char** argv) {
   candidates.push_back({"plain, 1 thread (a)", [&] { plain_step(1); }});
   candidates.push_back({"plain, 2 threads (b)", [&] { plain_step(2); }});
   candidates.push_back({"plain, micro-batched, 1 thread", chunked_step});
-  candidates.push_back({"GPipe, 2 stages x 1 thread", [&] {
-                          set_threads(1);
-                          gpipe_model->zero_grad();
-                          gpipe_pipe.step(input, target);
-                        }});
-  candidates.push_back({"1F1B, 2 stages x 1 thread", [&] {
-                          set_threads(1);
-                          one_f_one_b_model->zero_grad();
-                          one_f_one_b_pipe.step(input, target);
-                        }});
-  candidates.push_back({"ZB1P, 2 stages x 1 thread", [&] {
-                          set_threads(1);
-                          zero_bubble_model->zero_grad();
-                          zero_bubble_pipe.step(input, target);
-                        }});
+  const auto pipeline = [&](gs::PipelineSchedule& pipe, torch::nn::Sequential& model) {
+    return [&, pipe = &pipe, model = &model] {
+      set_threads(1);
+      (*model)->zero_grad();
+      pipe->step(input, target);
+    };
+  };
+  candidates.push_back({"GPipe, 2 stages x 1 thread", pipeline(gpipe_pipe, gpipe_model), 2});
+  candidates.push_back(
+      {"1F1B, 2 stages x 1 thread", pipeline(one_f_one_b_pipe, one_f_one_b_model), 2});
+  candidates.push_back(
+      {"ZB1P, 2 stages x 1 thread", pipeline(zero_bubble_pipe, zero_bubble_model), 2});
+  candidates.push_back({"ZBV, 2 x 2 stages x 1 thread", pipeline(zbv_pipe, zbv_model), 4});
 
   for (auto& c : candidates) c.step();  // warm up, allocate gradients
   for (auto& c : candidates) {
     const int64_t before = gpipe::memory::cpu_current_bytes();
+    std::vector<int64_t> stage_before;
+    for (int64_t s = 0; s < c.stages; ++s) {
+      stage_before.push_back(gpipe::memory::cpu_current_bytes(s));
+    }
     gpipe::memory::reset_cpu_peak();
     c.step();
     c.peak = gpipe::memory::cpu_peak_bytes() - before;
+    for (int64_t s = 0; s < c.stages; ++s) {
+      c.stage_peaks.push_back(gpipe::memory::cpu_peak_bytes(s) - stage_before[s]);
+    }
   }
   // Round by round, rotating who goes first: a run must not always follow the same one (BLAS
   // and OpenMP threads of a 2-thread run keep spinning for a while after it, so each run also
@@ -211,6 +228,17 @@ int main(int argc, char** argv) {
   std::printf("ZB1P over 1F1B: %.3fx, over GPipe: %.3fx (step time)\n",
               median(candidates[4].times) / median(candidates[5].times),
               median(candidates[3].times) / median(candidates[5].times));
+  std::printf("ZBV over 1F1B: %.3fx, over ZB1P: %.3fx (step time)\n",
+              median(candidates[4].times) / median(candidates[6].times),
+              median(candidates[5].times) / median(candidates[6].times));
+  std::printf("peak memory per stage (MiB):");
+  for (const auto& c : candidates) {
+    if (c.stages == 0) continue;
+    std::printf("%s %s", &c == &candidates[3] ? "" : ";",
+                c.name.substr(0, c.name.find(',')).c_str());
+    for (const int64_t bytes : c.stage_peaks) std::printf(" %.1f", bytes / 1048576.0);
+  }
+  std::printf("\n(ZBV's worker 0 runs stages 0 and 3, worker 1 stages 1 and 2)\n");
   std::printf("bubble bound of GPipe and 1F1B over (a): 2 x %lld / %lld = %.2fx\n",
               static_cast<long long>(chunks), static_cast<long long>(chunks + 1),
               2.0 * chunks / (chunks + 1));
