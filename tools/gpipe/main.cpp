@@ -61,16 +61,18 @@ int main(int argc, char** argv) {
     std::cerr << kUsage;
     return 2;
   }
+  // One write per line: the ranks of a job share stderr, and their lines must not mix.
+  const auto fail = [&](const std::string& message, int code) {
+    std::cerr << "gpipe " + words[0] + ": " + message + "\n";
+    return code;
+  };
   try {
     return run(words[0], std::vector<std::string>(words.begin() + 1, words.end()));
   } catch (const gpipe::cli::UsageError& error) {
-    std::cerr << "gpipe " << words[0] << ": " << error.what() << "\n";
-    return 2;
+    return fail(error.what(), 2);
   } catch (const c10::Error& error) {
-    std::cerr << "gpipe " << words[0] << ": " << error.what_without_backtrace() << "\n";
-    return 1;
+    return fail(error.what_without_backtrace(), 1);
   } catch (const std::exception& error) {
-    std::cerr << "gpipe " << words[0] << ": " << error.what() << "\n";
-    return 1;
+    return fail(error.what(), 1);
   }
 }
