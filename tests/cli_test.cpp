@@ -11,6 +11,7 @@
 #include "train.h"
 
 #include <gpipe/schedule/generators.h>
+#include <gpipe/schedule/schedule_file.h>
 
 #include <tinyxml2.h>
 #include <nlohmann/json.hpp>
@@ -493,6 +494,52 @@ int64_t count(const std::string& text, const std::string& part) {
 // `gpipe train` as the ranks of a multi-process pipeline trains, bit for bit, the model that
 // its worker threads train with the same flags, under each schedule; rank 0 alone reports,
 // with every stage's peak, and writes the outputs: one trace and one timeline of every rank.
+// --schedule-file: ZBV written to a file trains the model --schedule zbv trains, on threads and
+// on 2 ranks; its stages and micro-batches are --stages and --chunks.
+TEST(TrainTest, ScheduleFileTrainsAsItsSchedule) {
+  TemporaryDirectory dir;
+  const auto flags = tiny_model_flags(tiny_corpus(dir)) + std::vector<std::string>{"--steps", "3"};
+  const std::string file = dir.file("zbv.txt");
+  std::ofstream(file) << schedule::write_schedule(schedule::zbv_schedule(2, 4));
+  std::ostringstream out;
+  const TrainReport zbv = train(
+      parse_train_config(flags + std::vector<std::string>{"--schedule", "zbv", "--stages", "4",
+                                                          "--virtual-stages", "2", "--chunks", "4",
+                                                          "--save", dir.file("zbv.pt")}),
+      out, false);
+  const TrainConfig c = parse_train_config(
+      flags + std::vector<std::string>{"--schedule-file", file, "--save", dir.file("file.pt")});
+  EXPECT_EQ(c.stages, 4);
+  EXPECT_EQ(c.chunks, 4);
+  EXPECT_EQ(c.virtual_stages, 2);
+  const TrainReport from_file = train(c, out, false);
+  EXPECT_EQ(from_file.losses, zbv.losses);
+  testing::expect_same_model(dir.file("file.pt"), dir.file("zbv.pt"));
+  const auto [code, output] = train_on_ranks(
+      2, flags + std::vector<std::string>{"--schedule-file", file, "--save", dir.file("ranks.pt")});
+  ASSERT_EQ(code, 0) << output;
+  testing::expect_same_model(dir.file("ranks.pt"), dir.file("zbv.pt"));
+
+  GPIPE_EXPECT_THROW_WITH(
+      parse_train_config(flags +
+                         std::vector<std::string>{"--schedule-file", file, "--stages", "2"}),
+      UsageError, "--stages 2 does not match the 4 stages of --schedule-file " + file);
+  GPIPE_EXPECT_THROW_WITH(
+      parse_train_config(flags +
+                         std::vector<std::string>{"--schedule-file", file, "--schedule", "1f1b"}),
+      UsageError, "--schedule-file replaces --schedule and --virtual-stages");
+  GPIPE_EXPECT_THROW_WITH(
+      parse_train_config(
+          flags + std::vector<std::string>{"--schedule-file", file, "--checkpoint", "always"}),
+      UsageError,
+      "--schedule-file " + file +
+          " splits backwards into input and weight gradients, which --checkpoint cannot");
+  std::ofstream(dir.file("typo.txt")) << "0F0 0B0\n1F0 1Q0\n";
+  GPIPE_EXPECT_THROW_WITH(
+      parse_train_config(flags + std::vector<std::string>{"--schedule-file", dir.file("typo.txt")}),
+      UsageError, dir.file("typo.txt") + ", line 2: '1Q0' is not an action");
+}
+
 TEST(TrainRanksTest, EqualsTheThreadRun) {
   TemporaryDirectory dir;
   const auto flags = tiny_model_flags(tiny_corpus(dir)) + std::vector<std::string>{"--steps", "3"};

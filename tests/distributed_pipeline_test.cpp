@@ -6,6 +6,7 @@
 #include "distributed_launch.h"
 #include "distributed_model.h"
 #include "gpipe/distributed/pipeline_stage.h"
+#include "gpipe/schedule/schedule_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -28,7 +29,7 @@ bool close(const at::Tensor& actual, const at::Tensor& expected) {
 // with the plain model's.
 void expect_equivalent(int ranks, const std::string& schedule, int64_t stages_per_worker,
                        int64_t replicas = 1, const std::string& checkpoint = "never",
-                       int64_t chunks = 4) {
+                       int64_t chunks = 4, const std::string& flags = "") {
   SCOPED_TRACE(std::to_string(ranks) + " ranks, " + schedule + ", " +
                std::to_string(stages_per_worker) + " stage(s) per rank, " +
                std::to_string(replicas) + " replica(s), checkpoint " + checkpoint + ", " +
@@ -43,7 +44,8 @@ void expect_equivalent(int ranks, const std::string& schedule, int64_t stages_pe
   const testing::Launch launch = testing::launch_workers(
       ranks, "--schedule " + schedule + " --stages-per-worker " +
                  std::to_string(stages_per_worker) + " --chunks " + std::to_string(chunks) +
-                 " --data-parallel " + std::to_string(replicas) + " --checkpoint " + checkpoint);
+                 " --data-parallel " + std::to_string(replicas) + " --checkpoint " + checkpoint +
+                 " " + flags);
   ASSERT_EQ(launch.exit_code, 0) << launch.output;
   for (int r = 0; r < ranks; ++r) {
     at::Tensor loss;
@@ -92,6 +94,19 @@ TEST(DistributedPipelineTest, ZbvEveryMicroBatchCount) {
       expect_equivalent(ranks, "zbv", 2, 1, "never", chunks);
     }
   }
+}
+
+// Schedules from files on ranks: ZBV as gpipe writes it, and 1F1B as torch.distributed.pipelining
+// writes its CSV, sends and receives included.
+TEST(DistributedPipelineTest, ScheduleFromAFile) {
+  const std::string dir = ::testing::TempDir();
+  const std::string zbv = dir + "gpipe_distributed_zbv.txt";
+  std::ofstream(zbv) << schedule::write_schedule(schedule::zbv_schedule(2, 4));
+  expect_equivalent(2, "1f1b", 2, 1, "never", 4, "--schedule-file " + zbv);
+  const std::string csv = dir + "gpipe_distributed_1f1b.csv";
+  std::ofstream(csv) << "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+                        "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1\n";
+  expect_equivalent(2, "1f1b", 1, 1, "never", 2, "--schedule-file " + csv);
 }
 
 TEST(DistributedPipelineTest, Checkpointing) {

@@ -5,7 +5,7 @@
 //            [--data-parallel D]
 //            [--fail-rank R --fail-mode throw|kill|hang|stop|mismatch|kill-connected]
 //            [--fail-attempts K] [--rendezvous-timeout-ms T] [--absent-from R] [--trace 1]
-//            [--steps N]
+//            [--steps N] [--schedule-file F]
 //
 // Trains one step (or N on the same batch, gradients adding up) of the model of
 // distributed_model.h (W x V stages of even layers) and writes DIR/loss_rank<r>.pt and
@@ -18,9 +18,11 @@
 // constructed (every rank connected). With --fail-attempts K, the failure comes only in torchrun's
 // first K attempts (TORCHELASTIC_RESTART_COUNT < K), so that a restarted group succeeds. With
 // --absent-from R, ranks R and above exit at once, never joining. With --trace 1, each rank also
-// writes its tracer's events as DIR/trace_rank<r>.json (trace.h).
+// writes its tracer's events as DIR/trace_rank<r>.json (trace.h). With --schedule-file F, the
+// ranks run the schedule of file F (schedule_file.h), whose stages the model is cut into.
 #include "distributed_model.h"
 #include "gpipe/distributed/pipeline_stage.h"
+#include "gpipe/schedule/schedule_file.h"
 #include "gpipe/trace.h"
 
 #include <torch/torch.h>
@@ -30,6 +32,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 
 namespace {
@@ -50,7 +53,7 @@ int fail(const std::string& out, int64_t rank, const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out, schedule = "1f1b", fail_mode, checkpoint = "never";
+  std::string out, schedule = "1f1b", fail_mode, checkpoint = "never", schedule_file;
   int64_t stages_per_worker = 1, chunks = 4, timeout_ms = 60000, fail_rank = -1, replicas = 1;
   int64_t rendezvous_timeout_ms = 60000, absent_from = -1, trace = 0, fail_attempts = -1;
   int64_t steps = 1;
@@ -85,6 +88,8 @@ int main(int argc, char** argv) {
       fail_attempts = std::stoll(value);
     else if (flag == "--steps")
       steps = std::stoll(value);
+    else if (flag == "--schedule-file")
+      schedule_file = value;
   }
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const bool failing_attempt =
@@ -96,7 +101,9 @@ int main(int argc, char** argv) {
              std::to_string(gpipe::testing::milliseconds_since_epoch()));
   try {
     const int64_t world = std::atoll(std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "1");
-    const int64_t S = world / replicas * stages_per_worker;
+    std::optional<gpipe::schedule::Schedule> custom;
+    if (!schedule_file.empty()) custom = gpipe::schedule::read_schedule_file(schedule_file);
+    const int64_t S = custom ? custom->num_stages : world / replicas * stages_per_worker;
     std::vector<int64_t> balance = gpipe::testing::distributed_balance(S);
     // The failing rank's first stage ends in the trap; every rank has it, unarmed elsewhere.
     torch::nn::Sequential model = gpipe::testing::distributed_model(
@@ -109,13 +116,14 @@ int main(int argc, char** argv) {
       target = target.chunk(replicas)[replica];
     }
 
+    auto options = gpipe::distributed::PipelineStageOptions(chunks);
+    if (custom) options.custom_schedule(*custom);
     gpipe::distributed::PipelineStage pipe(
         model, balance,
         [](const gpipe::Batch& y, const gpipe::Batch& t) {
           return torch::mse_loss(y.tensor(), t.tensor());
         },
-        gpipe::distributed::PipelineStageOptions(chunks)
-            .schedule(gpipe::schedule::parse_schedule_kind(schedule))
+        options.schedule(gpipe::schedule::parse_schedule_kind(schedule))
             .stages_per_worker(stages_per_worker)
             .checkpoint(gpipe::parse_checkpoint_mode(checkpoint))
             .data_parallel(replicas)

@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include <cstdio>
+#include <fstream>
 #include <vector>
 
 namespace gpipe {
@@ -51,13 +53,23 @@ TEST(DocsTest, SkipConnectionSnippet) {
   EXPECT_TRUE(torch::allclose(pipe->forward(x), linear->forward(x) + x));
 }
 
-TEST(DocsTest, ExplicitScheduleSnippet) {
+// The schedule snippets' model (8 x Linear(4, 4)) and batch, and the plain model's loss on it.
+struct ScheduleSnippetProblem {
+  torch::nn::Sequential sequential;
+  torch::Tensor input, target, expected;
+};
+
+ScheduleSnippetProblem schedule_snippet_problem() {
   torch::manual_seed(0);
   torch::nn::Sequential sequential;
   for (int k = 0; k < 8; ++k) sequential->push_back(torch::nn::Linear(4, 4));
   const torch::Tensor input = torch::randn({16, 4});
   const torch::Tensor target = torch::randn({16, 4});
-  const torch::Tensor expected = torch::mse_loss(sequential->forward(input), target);
+  return {sequential, input, target, torch::mse_loss(sequential->forward(input), target)};
+}
+
+TEST(DocsTest, ExplicitScheduleSnippet) {
+  auto [sequential, input, target, expected] = schedule_snippet_problem();
   // clang-format off
   namespace gs = gpipe::schedule;
   gs::LossFunction mse = [](const gpipe::Batch& output, const gpipe::Batch& target) {
@@ -69,6 +81,24 @@ TEST(DocsTest, ExplicitScheduleSnippet) {
   torch::Tensor loss = pipe.step(input, target);  // gradients as from one full-batch backward
   // clang-format on
   EXPECT_NEAR(loss.item<double>(), expected.item<double>(), 1e-5);
+}
+
+// Run in the test's folder, where it writes zbv.txt first.
+TEST(DocsTest, CustomScheduleSnippet) {
+  auto [sequential, input, target, expected] = schedule_snippet_problem();
+  std::ofstream("zbv.txt") << schedule::write_schedule(schedule::zbv_schedule(2, 8));
+  namespace gs = gpipe::schedule;
+  const gs::LossFunction mse = [](const gpipe::Batch& output, const gpipe::Batch& target) {
+    return torch::mse_loss(output.tensor(), target.tensor());
+  };
+  // clang-format off
+  gs::PipelineSchedule pipe(sequential, /*balance=*/{2, 2, 2, 2}, mse,
+                            gs::PipelineScheduleOptions(/*chunks=*/8)
+                                .custom_schedule(gs::read_schedule_file("zbv.txt")));
+  // clang-format on
+  std::remove("zbv.txt");
+  EXPECT_EQ(pipe.num_workers(), 2);
+  EXPECT_NEAR(pipe.step(input, target).item<double>(), expected.item<double>(), 1e-5);
 }
 
 // Compiled, not run: it needs the ranks of a job (examples/distributed_train.cpp runs the same

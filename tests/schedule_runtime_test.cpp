@@ -6,6 +6,7 @@
 
 #include "gpipe/balance/balance.h"
 #include "gpipe/schedule/runtime.h"
+#include "gpipe/schedule/schedule_file.h"
 #include "gpipe/schedule/thread_transport.h"
 
 #include <chrono>
@@ -48,10 +49,10 @@ bool close(const at::Tensor& actual, const at::Tensor& expected) {
          torch::allclose(actual, expected, /*rtol=*/1e-6, /*atol=*/1e-12);
 }
 
-// The plain model's loss and gradients against the pipeline's, for `stages` stages.
-void expect_equivalent(ScheduleKind kind, int64_t stages, int64_t chunks,
-                       int64_t stages_per_worker = 1,
-                       CheckpointMode checkpoint = CheckpointMode::kNever) {
+// The plain model's loss and gradients against those of a pipeline of `stages` stages with
+// `options`; `what` names the case.
+void expect_equivalent(int64_t stages, const PipelineScheduleOptions& options,
+                       const std::string& what) {
   torch::manual_seed(1234);
   const at::Tensor input = torch::randn({10, 5}, torch::kDouble);
   const at::Tensor target = torch::randn({10, 3}, torch::kDouble);
@@ -61,14 +62,8 @@ void expect_equivalent(ScheduleKind kind, int64_t stages, int64_t chunks,
   expected_loss.backward();
 
   auto model = make_model(0);
-  PipelineSchedule pipe(model, even_balance(stages), mse,
-                        PipelineScheduleOptions(chunks)
-                            .schedule(kind)
-                            .stages_per_worker(stages_per_worker)
-                            .checkpoint(checkpoint));
+  PipelineSchedule pipe(model, even_balance(stages), mse, options);
   const at::Tensor loss = pipe.step(input, target);
-  const std::string what =
-      c10::str(kind, ", ", stages, " stages, ", chunks, " chunks, checkpoint ", checkpoint);
   EXPECT_TRUE(close(loss, expected_loss))
       << what << ": " << loss.item<double>() << " vs " << expected_loss.item<double>();
   const auto expected = plain->named_parameters();
@@ -78,6 +73,18 @@ void expect_equivalent(ScheduleKind kind, int64_t stages, int64_t chunks,
     EXPECT_TRUE(close(actual[parameter.key()].grad(), parameter.value().grad()))
         << what << ": gradient of " << parameter.key();
   }
+}
+
+void expect_equivalent(ScheduleKind kind, int64_t stages, int64_t chunks,
+                       int64_t stages_per_worker = 1,
+                       CheckpointMode checkpoint = CheckpointMode::kNever) {
+  expect_equivalent(
+      stages,
+      PipelineScheduleOptions(chunks)
+          .schedule(kind)
+          .stages_per_worker(stages_per_worker)
+          .checkpoint(checkpoint),
+      c10::str(kind, ", ", stages, " stages, ", chunks, " chunks, checkpoint ", checkpoint));
 }
 
 TEST(ScheduleRuntimeTest, GPipeEqualsPlainModel) {
@@ -120,6 +127,46 @@ TEST(ScheduleRuntimeTest, ZbvEqualsPlainModel) {
       expect_equivalent(ScheduleKind::kZeroBubbleV, 2 * workers, chunks, 2);
     }
   }
+}
+
+// Schedules of one's own, as text (schedule_file.h): hand-written 1F1B with one worker running
+// stages 0 and 1 in a V with 2 and 3, and PyTorch's lowered notation.
+TEST(ScheduleRuntimeTest, CustomScheduleEqualsPlainModel) {
+  const std::vector<std::string> texts{
+      "0F0 0F1 0B0 0F2 0B1 0B2\n"
+      "1F0 1B0 1F1 1B1 1F2 1B2\n",
+      "0F0 0F1 3F0 3B0 3F1 3B1 0B0 0B1\n"
+      "1F0 2F0 1F1 2F1 2B0 1B0 2B1 1B1\n",
+      "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0I0,0W0,0RECV_B1,0I1,0W1\n"
+      "1RECV_F0,1F0,1I0,1SEND_B0,1RECV_F1,1F1,1I1,1SEND_B1,1W0,1W1\n"};
+  for (const auto& text : texts) {
+    const Schedule custom = parse_schedule(text);
+    expect_equivalent(custom.num_stages,
+                      PipelineScheduleOptions(custom.num_microbatches).custom_schedule(custom),
+                      text);
+  }
+}
+
+TEST(ScheduleRuntimeTest, CustomScheduleMustFitThePipeline) {
+  const Schedule custom = parse_schedule("0F0 0F1 0I0 0W0 0I1 0W1\n1F0 1I0 1F1 1I1 1W0 1W1\n");
+  const at::Tensor input = torch::randn({10, 5}, torch::kDouble);
+  const at::Tensor target = torch::randn({10, 3}, torch::kDouble);
+  PipelineSchedule pipe(make_model(0), even_balance(2), mse,
+                        PipelineScheduleOptions(3).custom_schedule(custom));
+  GPIPE_EXPECT_THROW_WITH(pipe.step(input, target), c10::ValueError,
+                          "the custom schedule has 2 micro-batches, but this step has 3");
+  GPIPE_EXPECT_THROW_WITH(PipelineSchedule(make_model(0), even_balance(4), mse,
+                                           PipelineScheduleOptions(2).custom_schedule(custom)),
+                          c10::ValueError,
+                          "the custom schedule runs 2 stages on 2 workers, but this pipeline has "
+                          "4 stages on 2 workers");
+  GPIPE_EXPECT_THROW_WITH(
+      PipelineSchedule(
+          make_model(0), even_balance(2), mse,
+          PipelineScheduleOptions(2).custom_schedule(custom).checkpoint(CheckpointMode::kAlways)),
+      c10::ValueError,
+      "the custom schedule splits backwards into input and weight gradients, which checkpoint "
+      "cannot");
 }
 
 TEST(ScheduleRuntimeTest, CheckpointingEqualsPlainModel) {

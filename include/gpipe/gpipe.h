@@ -23,6 +23,7 @@
 #include "gpipe/schedule/render.h"
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/runtime.h"
+#include "gpipe/schedule/schedule_file.h"
 #include "gpipe/schedule/stage.h"
 #include "gpipe/schedule/thread_transport.h"
 #include "gpipe/schedule/transport.h"

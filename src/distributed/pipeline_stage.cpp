@@ -45,11 +45,20 @@ void check_layout(int64_t world_size, const torch::nn::Sequential& module,
   TORCH_CHECK_VALUE(D > 0 && world_size % D == 0, "data_parallel (", D,
                     ") must be positive and divide WORLD_SIZE = ", world_size);
   const int64_t P = world_size / D;
-  const detail::Exact stages = detail::Exact(P) * options.stages_per_worker();
-  TORCH_CHECK_VALUE(static_cast<detail::Exact>(balance.size()) == stages, "balance names ",
-                    balance.size(), " stages, but WORLD_SIZE = ", world_size, " ranks",
-                    (D > 1 ? " in " + std::to_string(D) + " replicas" : std::string()), " with ",
-                    options.stages_per_worker(), " stage(s) each run ", detail::to_string(stages));
+  const std::string ranks =
+      c10::str("WORLD_SIZE = ", world_size, " ranks",
+               (D > 1 ? " in " + std::to_string(D) + " replicas" : std::string()));
+  if (const auto& custom = options.custom_schedule()) {
+    TORCH_CHECK_VALUE(custom->num_workers == P, "the custom schedule has ", custom->num_workers,
+                      " workers, but ", ranks, " make pipelines of ", P);
+    TORCH_CHECK_VALUE(static_cast<int64_t>(balance.size()) == custom->num_stages, "balance names ",
+                      balance.size(), " stages, but the custom schedule runs ", custom->num_stages);
+  } else {
+    const detail::Exact stages = detail::Exact(P) * options.stages_per_worker();
+    TORCH_CHECK_VALUE(static_cast<detail::Exact>(balance.size()) == stages, "balance names ",
+                      balance.size(), " stages, but ", ranks, " with ", options.stages_per_worker(),
+                      " stage(s) each run ", detail::to_string(stages));
+  }
   detail::check_balance(module, balance);
   detail::verify_skips_within_stages(detail::split_by_balance(module, balance));
 }
@@ -81,7 +90,7 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
   num_stages_ = static_cast<int64_t>(balance.size());
   by_index_.assign(num_stages_, nullptr);
   auto parts = detail::split_by_balance(module, balance);
-  const schedule::Placement placement = schedule::placement_of(options_.schedule());
+  const schedule::Placement placement = options_.placement();
   for (const auto s : c10::irange(num_stages_)) {
     if (schedule::worker_of(placement, s, P) != rank % P) continue;
     parts[s]->to(device);
@@ -95,8 +104,9 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
         group, P, "replicas_of_transport" + std::to_string(group.transports->load()),
         options_.rendezvous_timeout());
   }
-  schedules_ = std::make_unique<detail::ScheduleCache>(options_.schedule(), P, num_stages_,
-                                                       /*queue_capacity=*/0);
+  schedules_ =
+      std::make_unique<detail::ScheduleCache>(options_.schedule(), P, num_stages_,
+                                              /*queue_capacity=*/0, options_.custom_schedule());
   transport_ = std::make_unique<C10dTransport>(std::move(group), num_stages_,
                                                C10dTransportOptions()
                                                    .timeout(options_.timeout())
@@ -105,7 +115,7 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
                                                    .placement(placement)
                                                    .device(device));
   // Fails early for a schedule that cannot run these stages.
-  schedule(1);
+  schedules_->prepare();
   // No step starts before every rank has connected: a rank that dies later is seen through its
   // closed connections, never waited for by a rank still connecting (which only the rendezvous
   // timeout would end).

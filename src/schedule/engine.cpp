@@ -51,17 +51,29 @@ at::Tensor total_loss(const std::vector<at::Tensor>& losses) {
 }
 
 ScheduleCache::ScheduleCache(schedule::ScheduleKind kind, int64_t num_workers, int64_t num_stages,
-                             int64_t queue_capacity)
-    : kind_(kind),
+                             int64_t queue_capacity, std::optional<schedule::Schedule> custom)
+    : custom_(std::move(custom)),
+      kind_(kind),
       num_workers_(num_workers),
       num_stages_(num_stages),
-      queue_capacity_(queue_capacity) {}
+      queue_capacity_(queue_capacity) {
+  if (!custom_) return;
+  TORCH_CHECK_VALUE(custom_->num_workers == num_workers && custom_->num_stages == num_stages,
+                    "the custom schedule runs ", custom_->num_stages, " stages on ",
+                    custom_->num_workers, " workers, but this pipeline has ", num_stages,
+                    " stages on ", num_workers, " workers");
+}
 
 const schedule::Schedule& ScheduleCache::get(int64_t num_microbatches) {
   auto it = schedules_.find(num_microbatches);
   if (it != schedules_.end()) return it->second;
+  TORCH_CHECK_VALUE(!custom_ || custom_->num_microbatches == num_microbatches,
+                    "the custom schedule has ", custom_ ? custom_->num_microbatches : 0,
+                    " micro-batches, but this step has ", num_microbatches,
+                    " (chunks, or fewer where the batch is smaller)");
   schedule::Schedule s =
-      schedule::make_schedule(kind_, num_workers_, num_stages_, num_microbatches);
+      custom_ ? *custom_
+              : schedule::make_schedule(kind_, num_workers_, num_stages_, num_microbatches);
   const int64_t capacity = queue_capacity_ > 0 ? queue_capacity_ : num_microbatches;
   schedule::validate(s, schedule::ValidateOptions().queue_capacity(capacity));
   return schedules_.emplace(num_microbatches, std::move(s)).first->second;

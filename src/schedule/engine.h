@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
 namespace gpipe {
@@ -49,18 +50,25 @@ StepBatches split_step(const Batch& input, const Batch& target, int64_t chunks,
 /// The loss of the whole batch: the sum of the micro-batches' scaled losses.
 at::Tensor total_loss(const std::vector<at::Tensor>& losses);
 
-/// The validated schedule of each number of micro-batches, made once.
+/// The validated schedule of each number of micro-batches, made once; or the custom one.
 class ScheduleCache {
  public:
-  /// `kind` over `num_stages` stages on `num_workers` workers; edges hold `queue_capacity`
-  /// messages (0: as many as there are micro-batches).
+  /// `kind` over `num_stages` stages on `num_workers` workers, or `custom` where there is one;
+  /// edges hold `queue_capacity` messages (0: as many as there are micro-batches). Throws
+  /// c10::ValueError for a custom schedule of other numbers of workers or stages.
   ScheduleCache(schedule::ScheduleKind kind, int64_t num_workers, int64_t num_stages,
-                int64_t queue_capacity);
+                int64_t queue_capacity, std::optional<schedule::Schedule> custom = std::nullopt);
 
-  /// Throws c10::ValueError unless num_microbatches is positive.
+  /// Throws c10::ValueError unless num_microbatches is positive, or for a custom schedule,
+  /// unless it is the custom schedule's.
   const schedule::Schedule& get(int64_t num_microbatches);
 
+  /// Makes the schedule of one micro-batch (or the custom one): fails early, before any step,
+  /// for stages the schedule cannot run.
+  void prepare() { get(custom_ ? custom_->num_microbatches : 1); }
+
  private:
+  std::optional<schedule::Schedule> custom_;
   schedule::ScheduleKind kind_;
   int64_t num_workers_;
   int64_t num_stages_;

@@ -33,19 +33,21 @@ void check_size(int64_t num_stages, int64_t num_microbatches) {
                     " a schedule can hold");
 }
 
-// Wraps each compute action of `computes` (per worker) with its receives and sends.
-Schedule with_communication(int64_t num_workers, int64_t num_stages, int64_t num_microbatches,
-                            const std::vector<std::vector<Action>>& computes) {
-  Schedule schedule;
-  schedule.num_workers = num_workers;
-  schedule.num_stages = num_stages;
-  schedule.num_microbatches = num_microbatches;
-  schedule.actions.resize(num_workers);
-  for (const auto w : c10::irange(num_workers)) {
+}  // namespace
+
+Schedule with_communication(const Schedule& computes) {
+  Schedule schedule = computes;
+  const int64_t last_stage = computes.num_stages - 1;
+  for (const auto w : c10::irange(computes.actions.size())) {
     auto& actions = schedule.actions[w];
-    for (const Action& a : computes[w]) {
+    actions.clear();
+    for (const Action& a : computes.actions[w]) {
+      TORCH_CHECK_VALUE(is_compute(a.kind),
+                        "with_communication takes compute actions only, but "
+                        "worker ",
+                        w, " has ", a);
       const bool first = a.stage == 0;
-      const bool last = a.stage == num_stages - 1;
+      const bool last = a.stage == last_stage;
       if (a.kind == ActionKind::kForward) {
         if (!first) actions.push_back({ActionKind::kRecvActivation, a.microbatch, a.stage});
         actions.push_back(a);
@@ -61,8 +63,6 @@ Schedule with_communication(int64_t num_workers, int64_t num_stages, int64_t num
   }
   return schedule;
 }
-
-}  // namespace
 
 std::ostream& operator<<(std::ostream& out, ScheduleKind kind) {
   switch (kind) {
@@ -108,6 +108,16 @@ bool splits_backward(ScheduleKind kind) {
   return kind == ScheduleKind::kZeroBubble || kind == ScheduleKind::kZeroBubbleV;
 }
 
+bool splits_backward(const Schedule& schedule) {
+  for (const auto& actions : schedule.actions) {
+    for (const Action& a : actions) {
+      if (a.kind == ActionKind::kBackwardInput || a.kind == ActionKind::kBackwardWeight)
+        return true;
+    }
+  }
+  return false;
+}
+
 void check_schedule_options(ScheduleKind kind, int64_t stages_per_worker, CheckpointMode checkpoint,
                             const ScheduleOptionNames& names) {
   TORCH_CHECK_VALUE(stages_per_worker > 0, names.stages_per_worker, " must be positive, but got ",
@@ -141,7 +151,8 @@ Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches) {
       computes[s].push_back({ActionKind::kBackward, i, s});
     }
   }
-  return with_communication(num_stages, num_stages, num_microbatches, computes);
+  return with_communication(
+      Schedule{num_stages, num_stages, num_microbatches, Placement::kLooped, computes});
 }
 
 Schedule one_f_one_b_schedule(int64_t num_stages, int64_t num_microbatches) {
@@ -160,7 +171,8 @@ Schedule one_f_one_b_schedule(int64_t num_stages, int64_t num_microbatches) {
       computes[s].push_back({ActionKind::kBackward, backward, s});
     }
   }
-  return with_communication(num_stages, num_stages, num_microbatches, computes);
+  return with_communication(
+      Schedule{num_stages, num_stages, num_microbatches, Placement::kLooped, computes});
 }
 
 Schedule zb1p_schedule(int64_t num_stages, int64_t num_microbatches) {
@@ -186,7 +198,8 @@ Schedule zb1p_schedule(int64_t num_stages, int64_t num_microbatches) {
     while (backward < num_microbatches) backward_then_weight();
     while (weight < num_microbatches) list.push_back({ActionKind::kBackwardWeight, weight++, s});
   }
-  return with_communication(num_stages, num_stages, num_microbatches, computes);
+  return with_communication(
+      Schedule{num_stages, num_stages, num_microbatches, Placement::kLooped, computes});
 }
 
 Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_per_worker,
@@ -263,7 +276,7 @@ Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_pe
     // With the bound lifted the consistent orders always leave something to run.
     TORCH_INTERNAL_ASSERT(progressed, "interleaved 1F1B generator stalled at tick ", tick);
   }
-  return with_communication(W, S, M, computes);
+  return with_communication(Schedule{W, S, M, Placement::kLooped, computes});
 }
 
 Schedule zbv_schedule(int64_t num_workers, int64_t num_microbatches) {
@@ -340,9 +353,7 @@ Schedule zbv_schedule(int64_t num_workers, int64_t num_microbatches) {
     }
     TORCH_INTERNAL_ASSERT(progressed, "ZBV generator stalled at tick ", tick);
   }
-  Schedule schedule = with_communication(W, S, M, computes);
-  schedule.placement = Placement::kV;
-  return schedule;
+  return with_communication(Schedule{W, S, M, Placement::kV, computes});
 }
 
 Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stages,

@@ -30,9 +30,13 @@ PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, Lo
   options_.check("worker");
   TORCH_CHECK_VALUE(options_.queue_capacity() >= 0, "queue_capacity must be non-negative, but got ",
                     options_.queue_capacity());
-  TORCH_CHECK_VALUE(S % options_.stages_per_worker() == 0, "stages_per_worker (",
-                    options_.stages_per_worker(), ") must divide the number of stages (", S, ")");
-  num_workers_ = S / options_.stages_per_worker();
+  if (const auto& custom = options_.custom_schedule()) {
+    num_workers_ = custom->num_workers;
+  } else {
+    TORCH_CHECK_VALUE(S % options_.stages_per_worker() == 0, "stages_per_worker (",
+                      options_.stages_per_worker(), ") must divide the number of stages (", S, ")");
+    num_workers_ = S / options_.stages_per_worker();
+  }
   auto devices = options_.devices();
   if (devices.empty()) devices.assign(S, c10::Device(c10::kCPU));
   TORCH_CHECK_INDEX(static_cast<int64_t>(devices.size()) >= S, "too few devices for ", S,
@@ -46,10 +50,10 @@ PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, Lo
     stages_.push_back(
         std::make_unique<Stage>(s, S, std::move(stages[s]), devices[s], options_.checkpoint()));
   }
-  schedules_ = std::make_unique<detail::ScheduleCache>(options_.schedule(), num_workers_, S,
-                                                       options_.queue_capacity());
+  schedules_ = std::make_unique<detail::ScheduleCache>(
+      options_.schedule(), num_workers_, S, options_.queue_capacity(), options_.custom_schedule());
   // Fails early for a schedule that cannot run these stages.
-  schedules_->get(1);
+  schedules_->prepare();
 }
 
 PipelineSchedule::PipelineSchedule(const torch::nn::Sequential& module,

@@ -25,6 +25,7 @@ class Simulation {
   Simulation(const Schedule& schedule, const ValidateOptions& options)
       : schedule_(schedule),
         capacity_(options.queue_capacity()),
+        worker_names_(options.worker_names()),
         S_(schedule.num_stages),
         M_(schedule.num_microbatches),
         forwarded_(S_ * M_, false),
@@ -53,11 +54,15 @@ class Simulation {
   Step step(int64_t w, int64_t pc, int64_t round);
   void check_static(int64_t w, int64_t pc, const Action& a) const;
   std::string where(int64_t w, int64_t pc) const;
+  std::string worker(int64_t w) const;
+  // Throws that `action` never happens, naming the worker of its stage.
+  [[noreturn]] void never_runs(const Action& action) const;
   size_t index(int64_t stage, int64_t microbatch) const { return stage * M_ + microbatch; }
   std::deque<Message>& queue(int64_t from, int64_t to) { return queues_[{from, to}]; }
 
   const Schedule& schedule_;
   const int64_t capacity_;
+  const std::vector<std::string> worker_names_;
   const int64_t S_;
   const int64_t M_;
   // backwarded_: the input gradient is computed (Backward or BackwardInput); weighted_: the
@@ -70,11 +75,21 @@ class Simulation {
   std::map<std::pair<int64_t, int64_t>, std::deque<Message>> queues_;
 };
 
+std::string Simulation::worker(int64_t w) const {
+  if (w >= 0 && w < static_cast<int64_t>(worker_names_.size())) return worker_names_[w];
+  return "worker " + std::to_string(w);
+}
+
 std::string Simulation::where(int64_t w, int64_t pc) const {
   std::ostringstream out;
-  out << "invalid schedule: worker " << w << ", action " << pc << ", " << schedule_.actions[w][pc]
+  out << "invalid schedule: " << worker(w) << ", action " << pc << ", " << schedule_.actions[w][pc]
       << ": ";
   return out.str();
+}
+
+void Simulation::never_runs(const Action& action) const {
+  TORCH_CHECK_VALUE(false, "invalid schedule: it never runs ", action, " (a stage of ",
+                    worker(schedule_.worker_of(action.stage)), ")");
 }
 
 void Simulation::check_static(int64_t w, int64_t pc, const Action& a) const {
@@ -82,8 +97,8 @@ void Simulation::check_static(int64_t w, int64_t pc, const Action& a) const {
                     " is out of range for ", S_, " stages");
   TORCH_CHECK_VALUE(a.microbatch >= 0 && a.microbatch < M_, where(w, pc), "micro-batch ",
                     a.microbatch, " is out of range for ", M_, " micro-batches");
-  TORCH_CHECK_VALUE(schedule_.worker_of(a.stage) == w, where(w, pc), "stage ", a.stage,
-                    " runs on worker ", schedule_.worker_of(a.stage), ", not on worker ", w);
+  TORCH_CHECK_VALUE(schedule_.worker_of(a.stage) == w, where(w, pc), "stage ", a.stage, " runs on ",
+                    worker(schedule_.worker_of(a.stage)), ", not on ", worker(w));
 }
 
 Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
@@ -196,7 +211,7 @@ Timeline Simulation::run() {
       std::ostringstream waits;
       for (const auto w : c10::irange(W)) {
         if (pc[w] == static_cast<int64_t>(schedule_.actions[w].size())) continue;
-        waits << (waits.tellp() > 0 ? "; " : "") << "worker " << w << " waits at action " << pc[w]
+        waits << (waits.tellp() > 0 ? "; " : "") << worker(w) << " waits at action " << pc[w]
               << ", " << schedule_.actions[w][pc[w]];
       }
       TORCH_CHECK_VALUE(false, "invalid schedule: deadlock: ", waits.str());
@@ -205,12 +220,11 @@ Timeline Simulation::run() {
   for (const auto s : c10::irange(S_)) {
     for (const auto i : c10::irange(M_)) {
       const size_t k = index(s, i);
-      TORCH_CHECK_VALUE(forwarded_[k], "invalid schedule: it never runs ",
-                        Action{ActionKind::kForward, i, s});
-      TORCH_CHECK_VALUE(backwarded_[k], "invalid schedule: it never runs ",
-                        Action{split_ ? ActionKind::kBackwardInput : ActionKind::kBackward, i, s});
-      TORCH_CHECK_VALUE(weighted_[k], "invalid schedule: it never runs ",
-                        Action{ActionKind::kBackwardWeight, i, s});
+      if (!forwarded_[k]) never_runs({ActionKind::kForward, i, s});
+      if (!backwarded_[k]) {
+        never_runs({split_ ? ActionKind::kBackwardInput : ActionKind::kBackward, i, s});
+      }
+      if (!weighted_[k]) never_runs({ActionKind::kBackwardWeight, i, s});
     }
   }
   for (const auto& entry : queues_) {
@@ -218,7 +232,8 @@ Timeline Simulation::run() {
     const bool activation = entry.first.second > entry.first.first;
     const Action send{activation ? ActionKind::kSendActivation : ActionKind::kSendGradient,
                       entry.second.front().microbatch, entry.first.first};
-    TORCH_CHECK_VALUE(false, "invalid schedule: ", send, " is never received by stage ",
+    TORCH_CHECK_VALUE(false, "invalid schedule: ", send, " (",
+                      worker(schedule_.worker_of(send.stage)), ") is never received by stage ",
                       entry.first.second);
   }
   return timeline;

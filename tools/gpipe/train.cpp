@@ -8,6 +8,7 @@
 #include <gpipe/balance/balance.h>
 #include <gpipe/memory.h>
 #include <gpipe/schedule/runtime.h>
+#include <gpipe/schedule/schedule_file.h>
 #include <gpipe/trace.h>
 
 #include <c10/util/StringUtil.h>
@@ -134,6 +135,10 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
   option(pipeline, "--virtual-stages", c.virtual_stages,
          "stages per worker: any for interleaved_1f1b, 2 for zbv")
       ->check(at_least(1));
+  option(pipeline, "--schedule-file", c.schedule_file,
+         "a schedule of one's own (docs/schedules.md), instead of --schedule; its stages and "
+         "micro-batches are --stages and --chunks")
+      ->type_name("FILE");
   const std::vector<std::string> modes = {"never", "always", "except_last"};
   option(pipeline, "--checkpoint", f.checkpoint, listed(modes) + ": what backward recomputes")
       ->type_name("MODE")
@@ -161,7 +166,46 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
   return app;
 }
 
+// Reads --schedule-file into c.custom_schedule; its stages and micro-batches become --stages and
+// --chunks, which may be given only with the same values.
+void read_schedule_file(const CLI::App& app, TrainConfig& c) {
+  if (app.count("--schedule") > 0 || app.count("--virtual-stages") > 0) {
+    throw UsageError("--schedule-file replaces --schedule and --virtual-stages");
+  }
+  try {
+    c.custom_schedule = schedule::read_schedule_file(c.schedule_file);
+  } catch (const c10::ValueError& error) {
+    throw UsageError(error.what_without_backtrace());
+  }
+  const schedule::Schedule& file = *c.custom_schedule;
+  const auto adopt = [&](const char* flag, int64_t& value, int64_t in_file, const char* what) {
+    if (app.count(flag) == 0) value = in_file;
+    if (value != in_file) {
+      throw UsageError(std::string(flag) + " " + std::to_string(value) + " does not match the " +
+                       std::to_string(in_file) + " " + what + " of --schedule-file " +
+                       c.schedule_file);
+    }
+  };
+  adopt("--stages", c.stages, file.num_stages, "stages");
+  adopt("--chunks", c.chunks, file.num_microbatches, "micro-batches");
+  c.virtual_stages = file.num_stages / file.num_workers;
+  if (c.batch_size < c.chunks) {
+    throw UsageError("--batch-size " + std::to_string(c.batch_size) + " makes fewer than the " +
+                     std::to_string(c.chunks) + " micro-batches of --schedule-file " +
+                     c.schedule_file);
+  }
+  if (c.ranks && c.ranks->world_size != file.num_workers) {
+    throw UsageError("--schedule-file " + c.schedule_file + " has " +
+                     std::to_string(file.num_workers) + " workers, but there are " +
+                     std::to_string(c.ranks->world_size) + " ranks");
+  }
+}
+
 }  // namespace
+
+std::string schedule_name(const TrainConfig& c) {
+  return c.schedule_file.empty() ? c.schedule : "file " + c.schedule_file;
+}
 
 std::string train_usage() {
   TrainFlags flags;
@@ -224,6 +268,8 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
     if (!c.timeline.empty()) check_output_path("--timeline", c.timeline);
   }
 
+  if (!c.schedule_file.empty()) read_schedule_file(*app, c);
+
   if (c.ranks) {
     // One worker per rank.
     const int64_t stages = c.ranks->world_size * c.virtual_stages;
@@ -255,10 +301,18 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
     names.schedule = "--schedule";
     names.stages_per_worker = "--virtual-stages";
     names.checkpoint = "--checkpoint";
-    schedule::check_schedule_options(schedule::parse_schedule_kind(c.schedule), c.virtual_stages,
-                                     c.checkpoint, names);
+    if (!c.custom_schedule) {
+      schedule::check_schedule_options(schedule::parse_schedule_kind(c.schedule), c.virtual_stages,
+                                       c.checkpoint, names);
+    }
   } catch (const c10::ValueError& error) {
     throw UsageError(error.what_without_backtrace());
+  }
+  if (c.custom_schedule && c.checkpoint != CheckpointMode::kNever &&
+      schedule::splits_backward(*c.custom_schedule)) {
+    throw UsageError("--schedule-file " + c.schedule_file +
+                     " splits backwards into input and weight gradients, which --checkpoint "
+                     "cannot");
   }
   if (!c.ranks && !c.devices.empty() && static_cast<int64_t>(c.devices.size()) != c.stages) {
     throw UsageError("--devices names " + std::to_string(c.devices.size()) +
@@ -309,9 +363,9 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
         << options.embedding_dim() << ", " << parameters << " parameters) on " << corpus.size()
         << " bytes from " << corpus.num_files() << " files\n"
         << "  " << c.stages << " stages [" << balance_text << "] on " << pipeline->workers() << ", "
-        << c.chunks << " micro-batches, schedule " << c.schedule << ", checkpoint " << c.checkpoint
-        << ", batch " << c.batch_size << " x " << options.block_size() << " bytes, " << c.steps
-        << " steps\n";
+        << c.chunks << " micro-batches, schedule " << schedule_name(c) << ", checkpoint "
+        << c.checkpoint << ", batch " << c.batch_size << " x " << options.block_size() << " bytes, "
+        << c.steps << " steps\n";
   if (first > 1)
     shown << "  resumed after step " << first - 1 << " from " << c.snapshot_dir << "\n";
 
@@ -393,9 +447,9 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   std::snprintf(line, sizeof(line),
                 "\nbubble: %.1f%% of worker time idle (%s bound %.1f%%); %lld tasks traced\n",
                 100 * report.bubble_fraction,
-                c.schedule == "zb1p"  ? "1F1B's"
-                : c.schedule == "zbv" ? "interleaved 1F1B's"
-                                      : "schedule",
+                c.schedule == "zb1p" || c.custom_schedule ? "1F1B's"
+                : c.schedule == "zbv"                     ? "interleaved 1F1B's"
+                                                          : "schedule",
                 100 * report.bubble_bound, static_cast<long long>(report.traced_tasks));
   out << line;
   if (!c.trace.empty()) out << "trace: " << c.trace << "\n";

@@ -34,6 +34,8 @@ struct TrainConfig {
   int64_t stages = 2;  // on ranks: WORLD_SIZE x virtual_stages
   int64_t chunks = 4;
   std::string schedule = "1f1b";
+  std::string schedule_file;                          // a schedule of one's own, read into:
+  std::optional<schedule::Schedule> custom_schedule;  // (schedule_file.h)
   int64_t virtual_stages = 1;  // stages per worker, for interleaved_1f1b and zbv
   CheckpointMode checkpoint = CheckpointMode::kNever;
   int64_t threads = 1;               // intra-op threads per stage
@@ -55,6 +57,9 @@ struct TrainConfig {
 /// Throws UsageError for a bad flag, value or variable, a model with fewer layers than --stages,
 /// or flags that contradict each other or the number of ranks.
 TrainConfig parse_train_config(const std::vector<std::string>& args);
+
+/// What the summary and snapshots call the schedule: its name, or "file <path>".
+std::string schedule_name(const TrainConfig& c);
 
 /// The `gpipe train --help` text.
 std::string train_usage();

@@ -48,6 +48,18 @@ trace::Utilization utilization_of(const std::vector<double>& begins,
   return result;
 }
 
+// Either engine's options with the schedule, stages per worker, threads and checkpointing of
+// `c`.
+template <typename Options>
+Options scheduled(Options options, const TrainConfig& c) {
+  options.schedule(schedule::parse_schedule_kind(c.schedule))
+      .stages_per_worker(c.virtual_stages)
+      .intra_op_threads(c.threads)
+      .checkpoint(c.checkpoint);
+  if (c.custom_schedule) options.custom_schedule(*c.custom_schedule);
+  return options;
+}
+
 // ---- threads ----
 
 class ThreadPipeline final : public TrainPipeline {
@@ -59,11 +71,7 @@ class ThreadPipeline final : public TrainPipeline {
         devices_(c.devices.empty() ? std::vector<c10::Device>(c.stages, c10::kCPU) : c.devices),
         num_workers_(c.stages / c.virtual_stages),
         pipeline_(model, balance, char_gpt_loss,
-                  schedule::PipelineScheduleOptions(c.chunks)
-                      .schedule(schedule::parse_schedule_kind(c.schedule))
-                      .stages_per_worker(c.virtual_stages)
-                      .intra_op_threads(c.threads)
-                      .checkpoint(c.checkpoint)
+                  scheduled(schedule::PipelineScheduleOptions(c.chunks), c)
                       .devices(c.devices)
                       .tracer(tracer_)) {
     reset_peaks(devices_);
@@ -131,11 +139,7 @@ class RankPipeline final : public TrainPipeline {
         group_(distributed::rendezvous(
             *c.ranks, distributed::PipelineStageOptions(c.chunks).rendezvous_timeout())),
         pipeline_(group_, model, balance, char_gpt_loss,
-                  distributed::PipelineStageOptions(c.chunks)
-                      .schedule(schedule::parse_schedule_kind(c.schedule))
-                      .stages_per_worker(c.virtual_stages)
-                      .intra_op_threads(c.threads)
-                      .checkpoint(c.checkpoint)
+                  scheduled(distributed::PipelineStageOptions(c.chunks), c)
                       .device(c.devices.empty() ? c10::Device(c10::kCPU) : c.devices[c.ranks->rank])
                       .tracer(tracer_)) {
     first_layer_.assign(balance.size() + 1, 0);

@@ -98,7 +98,7 @@ Manifest make_manifest(const TrainConfig& c, const models::CharGPTOptions& optio
   return {{"engine", c.ranks ? "ranks" : "threads"},
           {"world size", std::to_string(pipeline.world_size())},
           {"balance", "[" + balance_text + "]"},
-          {"schedule", c.schedule},
+          {"schedule", schedule_name(c)},
           {"virtual stages", std::to_string(c.virtual_stages)},
           {"layers", std::to_string(options.num_layers())},
           {"embedding dim", std::to_string(options.embedding_dim())},

@@ -70,6 +70,7 @@ Placement placement_of(ScheduleKind kind);
 
 /// True for the schedules that split each backward into kBackwardInput and kBackwardWeight.
 bool splits_backward(ScheduleKind kind);
+bool splits_backward(const Schedule& schedule);
 
 /// The names a caller knows the options of check_schedule_options by, for its messages (e.g. a
 /// command's flags).
@@ -87,6 +88,11 @@ struct ScheduleOptionNames {
 /// options by `names`.
 void check_schedule_options(ScheduleKind kind, int64_t stages_per_worker, CheckpointMode checkpoint,
                             const ScheduleOptionNames& names = {});
+
+/// `computes`, a schedule of compute actions only, with each one's receives right before it and
+/// its sends right after, as every generator places them. Throws c10::ValueError for an action
+/// that is not a compute.
+Schedule with_communication(const Schedule& computes);
 
 /// GPipe over `num_stages` stages (one per worker) and `num_microbatches` micro-batches.
 /// Throws c10::ValueError unless both are positive.

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -40,6 +41,17 @@ class ScheduleOptions {
   /// The schedule. Default: ScheduleKind::kOneFOneB.
   Options& schedule(ScheduleKind value) { return schedule_ = value, self(); }
   ScheduleKind schedule() const { return schedule_; }
+
+  /// A schedule of one's own (e.g. from read_schedule_file, schedule_file.h) instead of a
+  /// generated one: its workers and stages must be the engine's, and each step must have its
+  /// number of micro-batches; schedule() and stages_per_worker() are not used. Default: none.
+  Options& custom_schedule(Schedule value) { return custom_schedule_ = std::move(value), self(); }
+  const std::optional<Schedule>& custom_schedule() const { return custom_schedule_; }
+
+  /// Which worker runs which stage: the custom schedule's placement, or schedule()'s.
+  Placement placement() const {
+    return custom_schedule_ ? custom_schedule_->placement : placement_of(schedule_);
+  }
 
   /// Stages per worker: 1, any number for kInterleavedOneFOneB (worker w runs stages w, w + W,
   /// ... of W workers), 2 for kZeroBubbleV (stages w and 2W - 1 - w). Default: 1.
@@ -71,11 +83,19 @@ class ScheduleOptions {
 
   /// The rules of both engines: chunks positive, intra_op_threads not negative, and
   /// check_schedule_options's (stages per worker, checkpointing) with `worker` saying what a
-  /// worker is ("worker", "rank"). Throws c10::ValueError naming the option.
+  /// worker is ("worker", "rank"); a custom schedule that splits backwards refuses checkpointing.
+  /// Throws c10::ValueError naming the option.
   void check(const std::string& worker) const {
     TORCH_CHECK_VALUE(chunks_ > 0, "chunks must be positive, but got ", chunks_);
     TORCH_CHECK_VALUE(intra_op_threads_ >= 0, "intra_op_threads must be non-negative, but got ",
                       intra_op_threads_);
+    if (custom_schedule_) {
+      TORCH_CHECK_VALUE(
+          checkpoint_ == CheckpointMode::kNever || !splits_backward(*custom_schedule_),
+          "the custom schedule splits backwards into input and weight gradients, "
+          "which checkpoint cannot");
+      return;
+    }
     ScheduleOptionNames names;
     names.worker = worker;
     check_schedule_options(schedule_, stages_per_worker_, checkpoint_, names);
@@ -95,6 +115,7 @@ class ScheduleOptions {
   LossReduction loss_reduction_ = LossReduction::kMean;
   int64_t intra_op_threads_;
   std::shared_ptr<trace::Tracer> tracer_;
+  std::optional<Schedule> custom_schedule_;
 };
 
 }  // namespace schedule

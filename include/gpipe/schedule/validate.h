@@ -15,6 +15,7 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace gpipe {
@@ -25,6 +26,10 @@ struct ValidateOptions {
   /// How many messages each edge's queue holds before a send waits; 0 for unbounded.
   /// Default: 0.
   TORCH_ARG(int64_t, queue_capacity) = 0;
+
+  /// What messages call each worker, e.g. "line 3 (worker 1)" for a schedule read from a file;
+  /// empty for "worker w". Default: empty.
+  TORCH_ARG(std::vector<std::string>, worker_names) = {};
 };
 
 /// When each action runs in the simulation.
@@ -44,7 +49,8 @@ struct Timeline {
 /// forward or before its output gradient is received, a BackwardWeight before the BackwardInput
 /// of the same micro-batch and stage, a send of something not computed yet (SendGradient before
 /// Backward or BackwardInput), a receive out of order, a duplicate, a deadlock (naming where every
-/// waiting worker waits), or a forward, backward or message that never happens.
+/// waiting worker waits), or a forward, backward or message that never happens (naming the
+/// worker whose stage it is).
 Timeline simulate(const Schedule& schedule, const ValidateOptions& options = {});
 
 /// simulate(), keeping only the verdict.
