@@ -9,6 +9,7 @@
 #include "same_model.h"
 #include "text_corpus.h"
 #include "train.h"
+#include "train_simulate.h"
 
 #include <gpipe/schedule/generators.h>
 #include <gpipe/schedule/schedule_file.h>
@@ -494,6 +495,50 @@ int64_t count(const std::string& text, const std::string& part) {
 // `gpipe train` as the ranks of a multi-process pipeline trains, bit for bit, the model that
 // its worker threads train with the same flags, under each schedule; rank 0 alone reports,
 // with every stage's peak, and writes the outputs: one trace and one timeline of every rank.
+// --simulate trains nothing: it predicts every schedule the model allows and names the fastest
+// within the budget.
+TEST(TrainTest, SimulatePredictsEverySchedule) {
+  TemporaryDirectory dir;
+  const auto flags = tiny_model_flags(tiny_corpus(dir)) +
+                     std::vector<std::string>{"--simulate", "--stages", "2", "--chunks", "4"};
+  std::ostringstream out;
+  const SimulateReport report = simulate_schedules(parse_train_config(flags), out);
+  std::vector<std::string> names;
+  for (const auto& f : report.forecasts) {
+    names.push_back(f.schedule);
+    EXPECT_GT(f.step_seconds, 0) << f.schedule;
+    EXPECT_GT(f.peak_worker_bytes, 0) << f.schedule;
+    EXPECT_TRUE(f.fits) << f.schedule;
+    EXPECT_EQ(f.stages, f.schedule == "interleaved_1f1b" || f.schedule == "zbv" ? 4 : 2);
+    EXPECT_THAT(out.str(), ::testing::HasSubstr("\n" + f.schedule + " ")) << out.str();
+  }
+  std::vector<std::string> expected = schedule::schedule_names();
+  std::sort(names.begin(), names.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(names, expected);
+  EXPECT_THAT(out.str(), ::testing::HasSubstr("fastest: " + report.fastest + "\n"));
+  // GPipe holds every micro-batch, 1F1B at most 2 on 2 stages.
+  EXPECT_GT(report.forecasts[0].peak_worker_bytes, report.forecasts[1].peak_worker_bytes);
+
+  // A budget only 1F1B's activations fit in.
+  const double one_f_one_b_mib =
+      static_cast<double>(report.forecasts[1].peak_worker_bytes) / 1048576;
+  std::ostringstream tight;
+  const SimulateReport within = simulate_schedules(
+      parse_train_config(flags + std::vector<std::string>{"--memory-budget",
+                                                          std::to_string(one_f_one_b_mib * 1.05)}),
+      tight);
+  EXPECT_FALSE(within.forecasts[0].fits);
+  EXPECT_THAT(tight.str(), ::testing::HasSubstr("(over budget)"));
+  std::ostringstream none;
+  EXPECT_EQ(
+      simulate_schedules(
+          parse_train_config(flags + std::vector<std::string>{"--memory-budget", "0.000001"}), none)
+          .fastest,
+      "");
+  EXPECT_THAT(none.str(), ::testing::HasSubstr("no schedule fits within --memory-budget"));
+}
+
 // --schedule-file: ZBV written to a file trains the model --schedule zbv trains, on threads and
 // on 2 ranks; its stages and micro-batches are --stages and --chunks.
 TEST(TrainTest, ScheduleFileTrainsAsItsSchedule) {

@@ -12,12 +12,15 @@
 #include <c10/util/irange.h>
 #include <nlohmann/json.hpp>
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -89,6 +92,33 @@ inline double median(std::vector<double> values) {
 }
 
 inline double mib(double bytes) { return bytes / (1 << 20); }
+
+/// Reads the command line's "--name value" pairs into the integers `flags` names. Returns false,
+/// after a message, for a flag it does not name.
+inline bool read_int_flags(int argc, char** argv, const std::map<std::string, int64_t*>& flags) {
+  for (int k = 1; k < argc; k += 2) {
+    const auto it = flags.find(argv[k]);
+    if (it == flags.end() || k + 1 == argc) {
+      std::fprintf(stderr, "unknown flag or missing value: %s\n", argv[k]);
+      return false;
+    }
+    *it->second = std::atoll(argv[k + 1]);
+  }
+  return true;
+}
+
+/// Sets OpenBLAS's thread count where LibTorch uses OpenBLAS: one process-wide count, which
+/// at::set_num_threads does not change.
+inline void set_blas_threads(int threads) {
+  using SetThreads = void (*)(int);
+  static auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (set) set(threads);
+}
+
+/// True where set_blas_threads can set a count.
+inline bool blas_threads_settable() {
+  return dlsym(RTLD_DEFAULT, "openblas_set_num_threads") != nullptr;
+}
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -17,13 +17,14 @@
 // program sets it with openblas_set_num_threads where the library has it: 1 for the pipelines and
 // (a), 2 for (b). It keeps freed memory for reuse (gpipe/cpu_malloc.h), or the pipelines' worker
 // threads would fault their activations' pages in again on each step (6% of a 1F1B step here).
+#include "common/bench_util.h"
+
 #include "gpipe/cpu_malloc.h"
 #include "gpipe/memory.h"
 #include "gpipe/schedule/runtime.h"
 
 #include <torch/torch.h>
 
-#include <dlfcn.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,15 +40,11 @@
 
 namespace {
 
-void set_blas_threads(int threads) {
-  using SetThreads = void (*)(int);
-  static auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (set) set(threads);
-}
+using gpipe::bench::median;
 
 void set_threads(int threads) {
   at::set_num_threads(threads);
-  set_blas_threads(threads);
+  gpipe::bench::set_blas_threads(threads);
 }
 
 torch::nn::Sequential make_model(int64_t width, int64_t layers) {
@@ -77,12 +74,6 @@ double seconds(const std::function<void()>& run, std::vector<double>* cpu) {
   return wall;
 }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 struct Candidate {
   std::string name;
   std::function<void()> step;
@@ -98,23 +89,13 @@ struct Candidate {
 int main(int argc, char** argv) {
   gpipe::memory::reuse_freed_cpu_memory();
   int64_t width = 1024, layers = 16, batch = 4096, chunks = 8, repeats = 5;
-  for (int k = 1; k + 1 < argc; k += 2) {
-    const std::string flag = argv[k];
-    const int64_t value = std::atoll(argv[k + 1]);
-    if (flag == "--width")
-      width = value;
-    else if (flag == "--layers")
-      layers = value;
-    else if (flag == "--batch")
-      batch = value;
-    else if (flag == "--chunks")
-      chunks = value;
-    else if (flag == "--repeats")
-      repeats = value;
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
-      return 2;
-    }
+  if (!gpipe::bench::read_int_flags(argc, argv,
+                                    {{"--width", &width},
+                                     {"--layers", &layers},
+                                     {"--batch", &batch},
+                                     {"--chunks", &chunks},
+                                     {"--repeats", &repeats}})) {
+    return 2;
   }
   gpipe::memory::install_tracking_cpu_allocator();
   const at::Tensor input = torch::randn({batch, width});
@@ -215,7 +196,7 @@ int main(int argc, char** argv) {
       static_cast<long long>(layers), static_cast<long long>(width), static_cast<long long>(width),
       static_cast<long long>(batch), static_cast<long long>(chunks),
       static_cast<long long>(repeats),
-      dlsym(RTLD_DEFAULT, "openblas_set_num_threads") ? "set per run" : "not settable");
+      gpipe::bench::blas_threads_settable() ? "set per run" : "not settable");
   const double a = median(candidates[0].times);
   const double b = median(candidates[1].times);
   std::printf("%-31s %10s %10s %12s %8s %8s %14s\n", "", "step (ms)", "cpu (ms)", "samples/s",

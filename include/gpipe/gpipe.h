@@ -20,6 +20,7 @@
 #include "gpipe/schedule/action.h"
 #include "gpipe/schedule/generators.h"
 #include "gpipe/schedule/options.h"
+#include "gpipe/schedule/predict.h"
 #include "gpipe/schedule/render.h"
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/runtime.h"

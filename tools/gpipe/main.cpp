@@ -5,6 +5,7 @@
 #include "generate.h"
 #include "launcher.h"
 #include "train.h"
+#include "train_simulate.h"
 
 #include "gpipe/cpu_malloc.h"
 
@@ -36,6 +37,7 @@ int run(const std::string& command, const std::vector<std::string>& args) {
   if (command == "train") {
     if (help) return std::cout << train_usage(), 0;
     const TrainConfig config = parse_train_config(args);
+    if (config.simulate) return simulate_schedules(config, std::cout), 0;
     std::ostringstream discarded;
     train(config, config.quiet ? static_cast<std::ostream&>(discarded) : std::cout,
           !config.quiet && isatty(STDOUT_FILENO));

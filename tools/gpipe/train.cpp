@@ -135,6 +135,14 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
   option(pipeline, "--virtual-stages", c.virtual_stages,
          "stages per worker: any for interleaved_1f1b, 2 for zbv")
       ->check(at_least(1));
+  app->add_flag("--simulate", c.simulate,
+                "train nothing: profile the model and predict a step of every schedule it allows "
+                "(gpipe/schedule/predict.h)")
+      ->group(pipeline);
+  option(pipeline, "--memory-budget", c.memory_budget_mib,
+         "with --simulate: the activations one worker may hold, in MiB (0: any)")
+      ->type_name("MIB")
+      ->check(CLI::NonNegativeNumber);
   option(pipeline, "--schedule-file", c.schedule_file,
          "a schedule of one's own (docs/schedules.md), instead of --schedule; its stages and "
          "micro-batches are --stages and --chunks")
@@ -321,18 +329,21 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
   return c;
 }
 
+torch::nn::Sequential make_model(const TrainConfig& c, models::CharGPTOptions& options) {
+  if (c.load.empty()) {
+    options = c.model;
+    return models::char_gpt(options);
+  }
+  SavedModel saved = load_model(c.load);
+  options = saved.options;
+  return saved.model;
+}
+
 TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   memory::install_tracking_cpu_allocator();
   torch::manual_seed(static_cast<uint64_t>(c.seed));
-  models::CharGPTOptions options = c.model;
-  torch::nn::Sequential model;
-  if (!c.load.empty()) {
-    SavedModel saved = load_model(c.load);
-    options = saved.options;
-    model = saved.model;
-  } else {
-    model = models::char_gpt(options);
-  }
+  models::CharGPTOptions options;
+  torch::nn::Sequential model = make_model(c, options);
   const int64_t layers = static_cast<int64_t>(model->size());
   if (c.stages > layers) {
     throw UsageError("--stages " + std::to_string(c.stages) + " is more than the model's " +

@@ -47,16 +47,21 @@ struct TrainConfig {
   std::string trace;     // Chrome trace JSON of every task
   std::string timeline;  // SVG timeline of the last timeline_steps steps
   int64_t timeline_steps = 2;
-  int64_t save_every = 0;    // steps between snapshots (train_snapshot.h); 0: none
-  std::string snapshot_dir;  // where snapshots go and come from
-  bool resume = false;       // continue from snapshot_dir's last snapshot, if any
-  bool quiet = false;        // no progress or summary
+  int64_t save_every = 0;        // steps between snapshots (train_snapshot.h); 0: none
+  std::string snapshot_dir;      // where snapshots go and come from
+  bool resume = false;           // continue from snapshot_dir's last snapshot, if any
+  bool quiet = false;            // no progress or summary
+  bool simulate = false;         // predict every schedule instead (train_simulate.h)
+  double memory_budget_mib = 0;  // for simulate: activations per worker; 0: any
 };
 
 /// Reads the flags of `gpipe train`, and the launcher's environment where WORLD_SIZE is set.
 /// Throws UsageError for a bad flag, value or variable, a model with fewer layers than --stages,
 /// or flags that contradict each other or the number of ranks.
 TrainConfig parse_train_config(const std::vector<std::string>& args);
+
+/// The model `c` trains, seeded (the caller seeds) or loaded; `options` receives its sizes.
+torch::nn::Sequential make_model(const TrainConfig& c, models::CharGPTOptions& options);
 
 /// What the summary and snapshots call the schedule: its name, or "file <path>".
 std::string schedule_name(const TrainConfig& c);

@@ -1,0 +1,69 @@
+// Predicts a schedule's step from what its actions cost: when each action of each worker starts
+// and ends, the step time, each worker's idle share (the bubble) and the micro-batches each stage
+// holds at once - to choose a schedule before running it, or to see what a run lost.
+//
+// The model: each worker runs its actions in order, one at a time. A compute action takes its
+// stage's cost of that kind. A send takes no time of its worker; its message arrives `latency`
+// plus its bytes times `seconds_per_byte` later, or at once between two stages of one worker. A
+// receive waits until its message has arrived. Nothing else is shared: workers never slow each
+// other down (on a machine with fewer cores than workers they do, and the prediction is short).
+//
+// Costs come from a trace of real steps (costs_from_trace) or are given, e.g. ActionCosts::unit
+// for the unit-time pictures of the papers: there the bubble of GPipe and 1F1B is
+// (P - 1) / (M + P - 1) for P stages and M micro-batches.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include "gpipe/schedule/action.h"
+#include "gpipe/trace.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace gpipe {
+namespace schedule {
+
+/// What each action costs, in seconds (or any one unit).
+struct ActionCosts {
+  /// Per stage: a forward, a whole backward, and its input and weight halves (zero-bubble
+  /// schedules).
+  std::vector<double> forward, backward, backward_input, backward_weight;
+  /// From a send to its receive, between two workers: latency + bytes * seconds_per_byte.
+  double latency = 0;
+  double seconds_per_byte = 0;
+  /// Per stage: the bytes of the activation it sends per micro-batch; its gradient comes back
+  /// as large. Empty for none.
+  std::vector<int64_t> message_bytes;
+
+  /// Every stage's forward 1, backward 2, each half 1; messages free.
+  static ActionCosts unit(int64_t num_stages);
+};
+
+/// A predicted step.
+struct Prediction {
+  /// begin[w][k] and end[w][k]: when actions[w][k] starts and ends, from the step's start.
+  std::vector<std::vector<double>> begin, end;
+  /// When the last action ends.
+  double step_time = 0;
+  /// Per worker: the time it computes.
+  std::vector<double> busy;
+  /// The share of worker time not computing: 1 - sum(busy) / (workers * step_time).
+  double bubble_fraction = 0;
+  /// Per stage: the most micro-batches forwarded and not yet through their weight gradient,
+  /// whose graphs it holds (Stage::max_live_microbatches on a real step).
+  std::vector<int64_t> peak_live_microbatches;
+};
+
+/// Predicts `schedule` under `costs`. Throws c10::ValueError for an invalid schedule
+/// (validate.h), or for costs with fewer entries than stages or negative.
+Prediction predict(const Schedule& schedule, const ActionCosts& costs);
+
+/// The median duration of each compute kind per stage among `events` (a tracer's, trace.h), in
+/// seconds, for `num_stages` stages. A kind the trace lacks is made of the others: a whole
+/// backward is its halves' sum, each half half a backward. Messages are left free. Throws
+/// c10::ValueError if some stage has no forward or no backward of either kind.
+ActionCosts costs_from_trace(const std::vector<trace::Event>& events, int64_t num_stages);
+
+}  // namespace schedule
+}  // namespace gpipe

@@ -1,0 +1,135 @@
+// Tests of predict() (predict.h): with unit costs it reproduces the papers' step times and
+// bubbles, messages delay as costed, what each stage holds is what a real step holds, and costs
+// read from a trace are its medians.
+#include "test_util.h"
+
+#include "gpipe/balance/balance.h"
+#include "gpipe/schedule/generators.h"
+#include "gpipe/schedule/predict.h"
+#include "gpipe/schedule/runtime.h"
+
+#include <string>
+#include <vector>
+
+namespace gpipe {
+namespace schedule {
+namespace {
+
+// GPipe and 1F1B with a forward 1 and a backward 2: (M + P - 1)(1 + 2), a bubble of
+// (P - 1) / (M + P - 1).
+TEST(SchedulePredictTest, GPipeAndOneFOneBTakeWhatThePapersSay) {
+  for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+    for (int64_t P = 1; P <= 4; ++P) {
+      for (int64_t M = 1; M <= 8; ++M) {
+        SCOPED_TRACE(c10::str(kind, ", ", P, " stages, ", M, " micro-batches"));
+        const Prediction p = predict(make_schedule(kind, P, P, M), ActionCosts::unit(P));
+        EXPECT_DOUBLE_EQ(p.step_time, 3.0 * static_cast<double>(M + P - 1));
+        EXPECT_NEAR(p.bubble_fraction, static_cast<double>(P - 1) / static_cast<double>(M + P - 1),
+                    1e-12);
+      }
+    }
+  }
+}
+
+// The zero-bubble schedules with F, B and W one each: ZB1P's bubble is the ZB-H1 paper's
+// (P - 1)(F + B - W) = P - 1 (a third of 1F1B's under the same costs) and ZBV's the first
+// micro-batch's way to the last worker, once M >= P; interleaved 1F1B's (v stages per worker,
+// F 1 and B 2 each) is Megatron-LM's 3(P - 1) once M is a multiple of P.
+TEST(SchedulePredictTest, ZeroBubbleAndInterleavedTakeWhatThePapersSay) {
+  for (int64_t P = 1; P <= 4; ++P) {
+    for (int64_t M = P; M <= 12; ++M) {
+      SCOPED_TRACE(c10::str(P, " workers, ", M, " micro-batches"));
+      const Prediction zb1p = predict(zb1p_schedule(P, M), ActionCosts::unit(P));
+      EXPECT_DOUBLE_EQ(zb1p.step_time, static_cast<double>(3 * M + P - 1));
+      EXPECT_NEAR(zb1p.bubble_fraction, (P - 1.0) / static_cast<double>(3 * M + P - 1), 1e-12);
+      const Prediction one_f_one_b = predict(one_f_one_b_schedule(P, M), ActionCosts::unit(P));
+      EXPECT_DOUBLE_EQ(one_f_one_b.step_time - 3.0 * M, 3 * (zb1p.step_time - 3.0 * M));
+      EXPECT_DOUBLE_EQ(predict(zbv_schedule(P, M), ActionCosts::unit(2 * P)).step_time,
+                       static_cast<double>(6 * M + P - 1));
+      if (M % P == 0) {
+        const Prediction interleaved =
+            predict(interleaved_one_f_one_b_schedule(P, 2, M), ActionCosts::unit(2 * P));
+        EXPECT_DOUBLE_EQ(interleaved.step_time, 3.0 * static_cast<double>(2 * M + P - 1));
+      }
+    }
+  }
+}
+
+// A message between workers takes its latency plus its bytes; one between two stages of one
+// worker, nothing.
+TEST(SchedulePredictTest, MessagesTakeWhatTheyCost) {
+  ActionCosts costs = ActionCosts::unit(2);
+  costs.latency = 0.5;
+  costs.seconds_per_byte = 0.25;
+  costs.message_bytes = {4, 0};
+  // F0, activation (0.5 + 1), F1, B1, gradient (0.5 + 1), B0.
+  const Prediction p = predict(one_f_one_b_schedule(2, 1), costs);
+  EXPECT_DOUBLE_EQ(p.step_time, 1 + 1.5 + 1 + 2 + 1.5 + 2);
+  EXPECT_DOUBLE_EQ(p.busy[0], 3);
+  EXPECT_DOUBLE_EQ(p.bubble_fraction, 1 - 6 / (2 * 9.0));
+  // Worker 0 waits from the end of its forward (1) for the gradient (5.5 + 1.5).
+  EXPECT_DOUBLE_EQ(p.end[0][1], 1);  // SendActivation
+  EXPECT_DOUBLE_EQ(p.begin[0][2], 1);
+  EXPECT_DOUBLE_EQ(p.end[0][2], 7);  // RecvGradient
+  EXPECT_DOUBLE_EQ(predict(zbv_schedule(1, 3), costs).step_time, 18);
+  costs.forward = {1};
+  GPIPE_EXPECT_THROW_WITH(predict(one_f_one_b_schedule(2, 1), costs), c10::ValueError,
+                          "costs: forward has 1 entries for 2 stages");
+}
+
+// What a stage holds at most is what a real step's Stage held, for every schedule.
+TEST(SchedulePredictTest, PeakLiveMicroBatchesAreTheRealOnes) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int k = 0; k < 8; ++k) model->push_back(torch::nn::Linear(3, 3));
+  const at::Tensor input = torch::randn({12, 3});
+  const at::Tensor target = torch::randn({12, 3});
+  const LossFunction mse = [](const Batch& output, const Batch& target) {
+    return torch::mse_loss(output.tensor(), target.tensor());
+  };
+  for (const auto& name : schedule_names()) {
+    const ScheduleKind kind = parse_schedule_kind(name);
+    const int64_t per_worker =
+        kind == ScheduleKind::kInterleavedOneFOneB || kind == ScheduleKind::kZeroBubbleV ? 2 : 1;
+    for (int64_t workers = 1; workers <= 4; ++workers) {
+      for (const int64_t M : {1, 3, 6}) {
+        SCOPED_TRACE(c10::str(name, ", ", workers, " workers, ", M, " micro-batches"));
+        const int64_t S = workers * per_worker;
+        PipelineSchedule pipe(
+            model, balance::balance_by_count(S, 8), mse,
+            PipelineScheduleOptions(M).schedule(kind).stages_per_worker(per_worker));
+        pipe.step(input, target);
+        const Prediction p = predict(pipe.schedule(M), ActionCosts::unit(S));
+        for (int64_t s = 0; s < S; ++s) {
+          EXPECT_EQ(p.peak_live_microbatches[s], pipe.max_live_microbatches(s)) << "stage " << s;
+        }
+      }
+    }
+  }
+}
+
+TEST(SchedulePredictTest, CostsFromATraceAreMedians) {
+  std::vector<trace::Event> events;
+  const auto add = [&](const std::string& name, int64_t stage, double us) {
+    events.push_back({name, /*worker=*/stage, stage, /*microbatch=*/0, /*step=*/0, 10, 10 + us});
+  };
+  for (const double us : {100, 300, 200}) add("forward", 0, us);
+  add("backward", 0, 400);
+  add("forward", 1, 50);
+  add("backward_input", 1, 30);
+  add("backward_weight", 1, 70);
+  add("send_activation", 0, 999);  // not a cost
+  const ActionCosts costs = costs_from_trace(events, 2);
+  EXPECT_DOUBLE_EQ(costs.forward[0], 200e-6);
+  EXPECT_DOUBLE_EQ(costs.backward[0], 400e-6);
+  EXPECT_DOUBLE_EQ(costs.backward_input[0], 200e-6);  // half a backward
+  EXPECT_DOUBLE_EQ(costs.backward_weight[0], 200e-6);
+  EXPECT_DOUBLE_EQ(costs.forward[1], 50e-6);
+  EXPECT_DOUBLE_EQ(costs.backward[1], 100e-6);  // its halves
+  GPIPE_EXPECT_THROW_WITH(costs_from_trace(events, 3), c10::ValueError,
+                          "the trace has no forward of stage 2");
+}
+
+}  // namespace
+}  // namespace schedule
+}  // namespace gpipe
