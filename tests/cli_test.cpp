@@ -142,12 +142,13 @@ TEST(TrainConfigTest, Errors) {
                           "embedding + head)");
   GPIPE_EXPECT_THROW_WITH(
       parse_train_config({"--schedule", "2f2b"}), UsageError,
-      "--schedule: must be one of gpipe, 1f1b, interleaved_1f1b, zb1p, zbv, but got '2f2b'");
+      "--schedule: must be one of gpipe, 1f1b, interleaved_1f1b, zb1p, zbv, interleaved_zb1p, "
+      "looped_bfs, but got '2f2b'");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--schedule", "zb1p", "--checkpoint", "always"}),
                           UsageError,
                           "--schedule zb1p splits each backward into input and weight gradients, "
-                          "which --checkpoint cannot: use --checkpoint with gpipe, 1f1b or "
-                          "interleaved_1f1b");
+                          "which --checkpoint cannot: use --checkpoint with gpipe, 1f1b, "
+                          "interleaved_1f1b or looped_bfs");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--heads", "3"}), UsageError,
                           "--heads 3 must divide --embedding-dim 128");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--load", "m.pt", "--layers", "2"}), UsageError,
@@ -156,9 +157,11 @@ TEST(TrainConfigTest, Errors) {
                           "--devices names 1 devices for --stages 2");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--devices", "cpu,gpu7"}), UsageError,
                           "--devices: 'gpu7' is not a device");
-  GPIPE_EXPECT_THROW_WITH(parse_train_config({"--virtual-stages", "2"}), UsageError,
-                          "--schedule 1f1b runs one stage per worker, but --virtual-stages is 2 "
-                          "(more than 1 only with interleaved_1f1b, 2 with zbv)");
+  GPIPE_EXPECT_THROW_WITH(
+      parse_train_config({"--virtual-stages", "2"}), UsageError,
+      "--schedule 1f1b runs one stage per worker, but --virtual-stages is 2 "
+      "(more than 1 only with interleaved_1f1b, interleaved_zb1p and looped_bfs; 2 with "
+      "zbv)");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--schedule", "zbv", "--stages", "4"}), UsageError,
                           "--schedule zbv runs two stages per worker in a V, but --virtual-stages "
                           "is 1 (set it to 2)");
@@ -509,7 +512,8 @@ TEST(TrainTest, SimulatePredictsEverySchedule) {
     EXPECT_GT(f.step_seconds, 0) << f.schedule;
     EXPECT_GT(f.peak_worker_bytes, 0) << f.schedule;
     EXPECT_TRUE(f.fits) << f.schedule;
-    EXPECT_EQ(f.stages, f.schedule == "interleaved_1f1b" || f.schedule == "zbv" ? 4 : 2);
+    const auto kind = schedule::parse_schedule_kind(f.schedule);
+    EXPECT_EQ(f.stages, schedule::loops_stages(kind) || f.schedule == "zbv" ? 4 : 2);
     EXPECT_THAT(out.str(), ::testing::HasSubstr("\n" + f.schedule + " ")) << out.str();
   }
   std::vector<std::string> expected = schedule::schedule_names();

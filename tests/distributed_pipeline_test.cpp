@@ -77,6 +77,8 @@ TEST(DistributedPipelineTest, TwoRanksEverySchedule) {
   expect_equivalent(2, "1f1b", 1);
   expect_equivalent(2, "interleaved_1f1b", 2);
   expect_equivalent(2, "zb1p", 1);
+  expect_equivalent(2, "interleaved_zb1p", 2);
+  expect_equivalent(2, "looped_bfs", 2);
 }
 
 TEST(DistributedPipelineTest, FourRanksEverySchedule) {
@@ -84,6 +86,8 @@ TEST(DistributedPipelineTest, FourRanksEverySchedule) {
   expect_equivalent(4, "1f1b", 1);
   expect_equivalent(4, "interleaved_1f1b", 2);
   expect_equivalent(4, "zb1p", 1);
+  expect_equivalent(4, "interleaved_zb1p", 2);
+  expect_equivalent(4, "looped_bfs", 2);
 }
 
 // ZBV on 2 and 4 ranks for 1..8 micro-batches: the V's turn at the last rank passes tensors

@@ -31,9 +31,7 @@ TEST(ScheduleFileTest, EveryGeneratedScheduleReadsBackAsWritten) {
     for (int64_t workers = 1; workers <= 4; ++workers) {
       for (int64_t m = 1; m <= 8; ++m) {
         const int64_t stages =
-            kind == ScheduleKind::kInterleavedOneFOneB || kind == ScheduleKind::kZeroBubbleV
-                ? 2 * workers
-                : workers;
+            loops_stages(kind) || kind == ScheduleKind::kZeroBubbleV ? 2 * workers : workers;
         SCOPED_TRACE(c10::str(name, ", ", workers, " workers, ", m, " micro-batches"));
         const Schedule schedule = make_schedule(kind, workers, stages, m);
         const std::string text = write_schedule(schedule);

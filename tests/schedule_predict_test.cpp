@@ -34,7 +34,8 @@ TEST(SchedulePredictTest, GPipeAndOneFOneBTakeWhatThePapersSay) {
 // The zero-bubble schedules with F, B and W one each: ZB1P's bubble is the ZB-H1 paper's
 // (P - 1)(F + B - W) = P - 1 (a third of 1F1B's under the same costs) and ZBV's the first
 // micro-batch's way to the last worker, once M >= P; interleaved 1F1B's (v stages per worker,
-// F 1 and B 2 each) is Megatron-LM's 3(P - 1) once M is a multiple of P.
+// F 1 and B 2 each) is Megatron-LM's 3(P - 1) once M is a multiple of P, looped BFS's too, and
+// interleaved ZB1P's then ZBV's.
 TEST(SchedulePredictTest, ZeroBubbleAndInterleavedTakeWhatThePapersSay) {
   for (int64_t P = 1; P <= 4; ++P) {
     for (int64_t M = P; M <= 12; ++M) {
@@ -47,9 +48,16 @@ TEST(SchedulePredictTest, ZeroBubbleAndInterleavedTakeWhatThePapersSay) {
       EXPECT_DOUBLE_EQ(predict(zbv_schedule(P, M), ActionCosts::unit(2 * P)).step_time,
                        static_cast<double>(6 * M + P - 1));
       if (M % P == 0) {
-        const Prediction interleaved =
-            predict(interleaved_one_f_one_b_schedule(P, 2, M), ActionCosts::unit(2 * P));
-        EXPECT_DOUBLE_EQ(interleaved.step_time, 3.0 * static_cast<double>(2 * M + P - 1));
+        const double interleaved = 3.0 * static_cast<double>(2 * M + P - 1);
+        EXPECT_DOUBLE_EQ(
+            predict(interleaved_one_f_one_b_schedule(P, 2, M), ActionCosts::unit(2 * P)).step_time,
+            interleaved);
+        // Looped BFS's bubble is the same; interleaved ZB1P's is ZBV's.
+        EXPECT_DOUBLE_EQ(predict(looped_bfs_schedule(P, 2, M), ActionCosts::unit(2 * P)).step_time,
+                         interleaved);
+        EXPECT_DOUBLE_EQ(
+            predict(interleaved_zb1p_schedule(P, 2, M), ActionCosts::unit(2 * P)).step_time,
+            static_cast<double>(6 * M + P - 1));
       }
     }
   }
@@ -89,8 +97,7 @@ TEST(SchedulePredictTest, PeakLiveMicroBatchesAreTheRealOnes) {
   };
   for (const auto& name : schedule_names()) {
     const ScheduleKind kind = parse_schedule_kind(name);
-    const int64_t per_worker =
-        kind == ScheduleKind::kInterleavedOneFOneB || kind == ScheduleKind::kZeroBubbleV ? 2 : 1;
+    const int64_t per_worker = loops_stages(kind) || kind == ScheduleKind::kZeroBubbleV ? 2 : 1;
     for (int64_t workers = 1; workers <= 4; ++workers) {
       for (const int64_t M : {1, 3, 6}) {
         SCOPED_TRACE(c10::str(name, ", ", workers, " workers, ", M, " micro-batches"));

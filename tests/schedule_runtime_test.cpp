@@ -169,6 +169,17 @@ TEST(ScheduleRuntimeTest, CustomScheduleMustFitThePipeline) {
       "cannot");
 }
 
+TEST(ScheduleRuntimeTest, InterleavedZb1pAndLoopedBfsEqualPlainModel) {
+  // 1..4 workers with 2 stages each.
+  for (const auto kind : {ScheduleKind::kInterleavedZeroBubble, ScheduleKind::kLoopedBFS}) {
+    for (int64_t workers = 1; workers <= 4; ++workers) {
+      for (int64_t chunks = 1; chunks <= 8; ++chunks) {
+        expect_equivalent(kind, 2 * workers, chunks, 2);
+      }
+    }
+  }
+}
+
 TEST(ScheduleRuntimeTest, CheckpointingEqualsPlainModel) {
   for (const auto mode : {CheckpointMode::kAlways, CheckpointMode::kExceptLast}) {
     for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {

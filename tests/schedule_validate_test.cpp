@@ -30,6 +30,10 @@ TEST(ScheduleValidateTest, GeneratedSchedulesAreValid) {
         for (int64_t v = 1; v <= 3; ++v) {
           EXPECT_NO_THROW(validate(interleaved_one_f_one_b_schedule(stages, v, m), options))
               << stages << " workers, " << v << " stages each, " << m << " micro-batches";
+          EXPECT_NO_THROW(validate(interleaved_zb1p_schedule(stages, v, m), options))
+              << stages << " workers, " << v << " stages each, " << m << " micro-batches";
+          EXPECT_NO_THROW(validate(looped_bfs_schedule(stages, v, m), options))
+              << stages << " workers, " << v << " stages each, " << m << " micro-batches";
         }
       }
     }
@@ -138,6 +142,30 @@ TEST(ScheduleValidateTest, ZbvFillsItsBubbleWithUnitCosts) {
   }
 }
 
+// Looped BFS holds every micro-batch on every stage, as GPipe does; interleaved ZB1P at most
+// interleaved 1F1B's warm-up bound plus W more on a worker.
+TEST(ScheduleValidateTest, LoopedBfsAndInterleavedZb1pHold) {
+  for (int64_t W = 1; W <= 4; ++W) {
+    for (int64_t v = 1; v <= 3; ++v) {
+      for (int64_t m = 1; m <= 8; ++m) {
+        SCOPED_TRACE(c10::str(W, " workers, ", v, " stages each, ", m, " micro-batches"));
+        const Timeline bfs = simulate(looped_bfs_schedule(W, v, m));
+        for (const int64_t pending : bfs.max_pending) EXPECT_EQ(pending, m);
+        const Schedule zb = interleaved_zb1p_schedule(W, v, m);
+        for (int64_t w = 0; w < W; ++w) {
+          int64_t held = 0, most = 0;
+          for (const Action& a : zb.actions[w]) {
+            EXPECT_EQ(a.stage % W, w) << a;
+            if (a.kind == K::kForward) most = std::max(most, ++held);
+            if (a.kind == K::kBackwardWeight) --held;
+          }
+          EXPECT_LE(most, (W - w - 1) * 2 + (v - 1) * W + 1 + W) << "worker " << w;
+        }
+      }
+    }
+  }
+}
+
 TEST(ScheduleValidateTest, InterleavedRunsEveryStageOnItsWorker) {
   const Schedule schedule = interleaved_one_f_one_b_schedule(2, 2, 4);
   EXPECT_EQ(schedule.num_workers, 2);
@@ -175,9 +203,10 @@ TEST(ScheduleValidateTest, MakeScheduleChecksStages) {
   EXPECT_EQ(make_schedule(ScheduleKind::kZeroBubbleV, 3, 6, 4).placement, Placement::kV);
   GPIPE_EXPECT_THROW_WITH(
       parse_schedule_kind("zb"), c10::ValueError,
-      "unknown schedule kind 'zb' (expected gpipe, 1f1b, interleaved_1f1b, zb1p, zbv)");
+      "unknown schedule kind 'zb' (expected gpipe, 1f1b, interleaved_1f1b, zb1p, zbv, "
+      "interleaved_zb1p, looped_bfs)");
   for (const auto& name : schedule_names()) EXPECT_EQ(c10::str(parse_schedule_kind(name)), name);
-  EXPECT_EQ(schedule_names().size(), 5u);
+  EXPECT_EQ(schedule_names().size(), 7u);
 }
 
 // The one rule of every engine and the command, worded with the caller's names for the options.
@@ -195,7 +224,7 @@ TEST(ScheduleValidateTest, ScheduleOptionRules) {
   GPIPE_EXPECT_THROW_WITH(
       check_schedule_options(ScheduleKind::kGPipe, 2, CheckpointMode::kNever), c10::ValueError,
       "schedule gpipe runs one stage per worker, but stages_per_worker is 2 (more than 1 only "
-      "with interleaved_1f1b, 2 with zbv)");
+      "with interleaved_1f1b, interleaved_zb1p and looped_bfs; 2 with zbv)");
   GPIPE_EXPECT_THROW_WITH(
       check_schedule_options(ScheduleKind::kZeroBubbleV, 1, CheckpointMode::kNever),
       c10::ValueError,
@@ -207,7 +236,7 @@ TEST(ScheduleValidateTest, ScheduleOptionRules) {
       check_schedule_options(ScheduleKind::kZeroBubble, 1, CheckpointMode::kExceptLast),
       c10::ValueError,
       "schedule zb1p splits each backward into input and weight gradients, which checkpoint "
-      "cannot: use checkpoint with gpipe, 1f1b or interleaved_1f1b");
+      "cannot: use checkpoint with gpipe, 1f1b, interleaved_1f1b or looped_bfs");
   ScheduleOptionNames flags;
   flags.schedule = "--schedule";
   flags.stages_per_worker = "--virtual-stages";

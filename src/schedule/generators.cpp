@@ -7,6 +7,7 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -64,6 +65,99 @@ Schedule with_communication(const Schedule& computes) {
   return schedule;
 }
 
+namespace {
+
+// The zero-bubble schedules of several stages per worker (ZBV, interleaved ZB1P): a simulation
+// in unit-time ticks in which each worker runs the input gradient of its oldest ready
+// micro-batch (the critical path), else a forward - the stage nearer the loss first - while it
+// holds fewer than limit(w) micro-batches (forwarded, weight gradient not computed yet), else its
+// oldest pending weight gradient; the bound lifts only in a tick where nothing else could run. A
+// result computed at tick t is usable from tick t + 1; each stage runs its forwards, input
+// gradients and weight gradients in micro-batch order.
+Schedule greedy_split_backward(int64_t W, int64_t v, int64_t M, Placement placement,
+                               const std::function<int64_t(int64_t)>& limit) {
+  const int64_t S = W * v;
+  std::vector<std::vector<int64_t>> stages_of(W);  // each worker's, the one nearest the loss first
+  for (int64_t s = S - 1; s >= 0; --s) stages_of[worker_of(placement, s, W)].push_back(s);
+  constexpr int64_t kNotYet = -1;
+  std::vector<int64_t> forward_tick(S * M, kNotYet), input_grad_tick(S * M, kNotYet);
+  const auto cell = [M](int64_t stage, int64_t i) { return stage * M + i; };
+  const auto done_before = [](int64_t tick, int64_t now) { return tick != kNotYet && tick < now; };
+  std::vector<int64_t> forwards(S, 0), backwards(S, 0), weights(S, 0);  // per stage: how many
+  std::vector<int64_t> held(W, 0), left(W, v * M);                      // per worker
+  std::vector<std::vector<Action>> computes(W);
+  for (int64_t tick = 0, finished = 0; finished < W; ++tick) {
+    bool progressed = false;
+    for (int pass = 0; pass < 2 && !progressed; ++pass) {
+      // The second pass, only when nothing could run, lifts the memory bound.
+      const bool bounded = pass == 0;
+      for (const auto w : c10::irange(W)) {
+        if (left[w] == 0) continue;
+        std::optional<Action> next;
+        for (const int64_t s : stages_of[w]) {
+          const int64_t i = backwards[s];
+          if (i == M || (next && next->microbatch <= i)) continue;
+          if (done_before(forward_tick[cell(s, i)], tick) &&
+              (s == S - 1 || done_before(input_grad_tick[cell(s + 1, i)], tick))) {
+            next = Action{ActionKind::kBackwardInput, i, s};
+          }
+        }
+        if (!next && (!bounded || held[w] < limit(w))) {
+          for (const int64_t s : stages_of[w]) {
+            const int64_t i = forwards[s];
+            if (!next && i < M && (s == 0 || done_before(forward_tick[cell(s - 1, i)], tick))) {
+              next = Action{ActionKind::kForward, i, s};
+            }
+          }
+        }
+        if (!next) {
+          for (const int64_t s : stages_of[w]) {
+            const int64_t i = weights[s];
+            if (i < backwards[s] && (!next || i < next->microbatch)) {
+              next = Action{ActionKind::kBackwardWeight, i, s};
+            }
+          }
+        }
+        if (!next) continue;
+        const int64_t s = next->stage;
+        if (next->kind == ActionKind::kForward) {
+          forward_tick[cell(s, forwards[s]++)] = tick;
+          ++held[w];
+        } else if (next->kind == ActionKind::kBackwardInput) {
+          input_grad_tick[cell(s, backwards[s]++)] = tick;
+        } else {
+          ++weights[s];
+          --held[w];
+          if (--left[w] == 0) ++finished;
+        }
+        computes[w].push_back(*next);
+        progressed = true;
+      }
+    }
+    TORCH_INTERNAL_ASSERT(progressed, "zero-bubble generator stalled at tick ", tick);
+  }
+  return with_communication(Schedule{W, S, M, placement, computes});
+}
+
+// How many forwards worker w of W, with v looped stages each, keeps ahead of its backwards in
+// interleaved 1F1B: Megatron-LM's warm-up, plus one.
+int64_t interleaved_warmup(int64_t W, int64_t v, int64_t w) {
+  return (W - w - 1) * 2 + (v - 1) * W + 1;
+}
+
+// Checks the counts of a schedule of `num_workers` workers with `stages_per_worker` stages each.
+void check_stages(int64_t num_workers, int64_t stages_per_worker, int64_t num_microbatches) {
+  check_positive(num_workers, "num_workers");
+  check_positive(stages_per_worker, "stages_per_worker");
+  const detail::Exact stages = detail::Exact(num_workers) * stages_per_worker;
+  TORCH_CHECK_VALUE(stages <= kMaxCells, num_workers, " workers with ", stages_per_worker,
+                    " stages each make ", detail::to_string(stages), " stages, more than the ",
+                    kMaxCells, " a schedule can hold");
+  check_size(static_cast<int64_t>(stages), num_microbatches);
+}
+
+}  // namespace
+
 std::ostream& operator<<(std::ostream& out, ScheduleKind kind) {
   switch (kind) {
     case ScheduleKind::kGPipe:
@@ -76,6 +170,10 @@ std::ostream& operator<<(std::ostream& out, ScheduleKind kind) {
       return out << "zb1p";
     case ScheduleKind::kZeroBubbleV:
       return out << "zbv";
+    case ScheduleKind::kInterleavedZeroBubble:
+      return out << "interleaved_zb1p";
+    case ScheduleKind::kLoopedBFS:
+      return out << "looped_bfs";
   }
   return out << "ScheduleKind(" << static_cast<int>(kind) << ")";
 }
@@ -86,6 +184,8 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "interleaved_1f1b") return ScheduleKind::kInterleavedOneFOneB;
   if (name == "zb1p") return ScheduleKind::kZeroBubble;
   if (name == "zbv") return ScheduleKind::kZeroBubbleV;
+  if (name == "interleaved_zb1p") return ScheduleKind::kInterleavedZeroBubble;
+  if (name == "looped_bfs") return ScheduleKind::kLoopedBFS;
   TORCH_CHECK_VALUE(false, "unknown schedule kind '", name, "' (expected ",
                     c10::Join(", ", schedule_names()), ")");
 }
@@ -94,7 +194,8 @@ std::vector<std::string> schedule_names() {
   std::vector<std::string> names;
   for (const auto kind :
        {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleavedOneFOneB,
-        ScheduleKind::kZeroBubble, ScheduleKind::kZeroBubbleV}) {
+        ScheduleKind::kZeroBubble, ScheduleKind::kZeroBubbleV, ScheduleKind::kInterleavedZeroBubble,
+        ScheduleKind::kLoopedBFS}) {
     names.push_back(c10::str(kind));
   }
   return names;
@@ -105,7 +206,13 @@ Placement placement_of(ScheduleKind kind) {
 }
 
 bool splits_backward(ScheduleKind kind) {
-  return kind == ScheduleKind::kZeroBubble || kind == ScheduleKind::kZeroBubbleV;
+  return kind == ScheduleKind::kZeroBubble || kind == ScheduleKind::kZeroBubbleV ||
+         kind == ScheduleKind::kInterleavedZeroBubble;
+}
+
+bool loops_stages(ScheduleKind kind) {
+  return kind == ScheduleKind::kInterleavedOneFOneB ||
+         kind == ScheduleKind::kInterleavedZeroBubble || kind == ScheduleKind::kLoopedBFS;
 }
 
 bool splits_backward(const Schedule& schedule) {
@@ -127,17 +234,18 @@ void check_schedule_options(ScheduleKind kind, int64_t stages_per_worker, Checkp
                       names.worker, " in a V, but ", names.stages_per_worker, " is ",
                       stages_per_worker, " (set it to 2)");
   } else {
-    TORCH_CHECK_VALUE(stages_per_worker == 1 || kind == ScheduleKind::kInterleavedOneFOneB,
-                      names.schedule, " ", kind, " runs one stage per ", names.worker, ", but ",
-                      names.stages_per_worker, " is ", stages_per_worker,
-                      " (more than 1 only with interleaved_1f1b, 2 with zbv)");
+    TORCH_CHECK_VALUE(stages_per_worker == 1 || loops_stages(kind), names.schedule, " ", kind,
+                      " runs one stage per ", names.worker, ", but ", names.stages_per_worker,
+                      " is ", stages_per_worker,
+                      " (more than 1 only with interleaved_1f1b, interleaved_zb1p and looped_bfs; "
+                      "2 with zbv)");
   }
   // A checkpoint's recomputation runs inside one autograd node, which has no split point
   // between the input's and the parameters' gradients.
   TORCH_CHECK_VALUE(checkpoint == CheckpointMode::kNever || !splits_backward(kind), names.schedule,
                     " ", kind, " splits each backward into input and weight gradients, which ",
                     names.checkpoint, " cannot: use ", names.checkpoint,
-                    " with gpipe, 1f1b or interleaved_1f1b");
+                    " with gpipe, 1f1b, interleaved_1f1b or looped_bfs");
 }
 
 Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches) {
@@ -204,13 +312,7 @@ Schedule zb1p_schedule(int64_t num_stages, int64_t num_microbatches) {
 
 Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_per_worker,
                                           int64_t num_microbatches) {
-  check_positive(num_workers, "num_workers");
-  check_positive(stages_per_worker, "stages_per_worker");
-  const detail::Exact stages = detail::Exact(num_workers) * stages_per_worker;
-  TORCH_CHECK_VALUE(stages <= kMaxCells, num_workers, " workers with ", stages_per_worker,
-                    " stages each make ", detail::to_string(stages), " stages, more than the ",
-                    kMaxCells, " a schedule can hold");
-  check_size(static_cast<int64_t>(stages), num_microbatches);
+  check_stages(num_workers, stages_per_worker, num_microbatches);
   const int64_t W = num_workers;
   const int64_t v = stages_per_worker;
   const int64_t M = num_microbatches;
@@ -258,7 +360,7 @@ Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_pe
         const bool backward_ready =
             done_before(forward_tick[bs][bi], tick) &&
             (bs == S - 1 ? true : done_before(backward_tick[bs + 1][bi], tick));
-        const int64_t limit = std::min(total, (W - w - 1) * 2 + (v - 1) * W + 1);
+        const int64_t limit = std::min(total, interleaved_warmup(W, v, w));
         const bool may_forward = !bounded || forwards[w] - backwards[w] < limit;
         if (forward_ready && may_forward) {
           forward_tick[fs][fi] = tick;
@@ -285,75 +387,41 @@ Schedule zbv_schedule(int64_t num_workers, int64_t num_microbatches) {
                     " workers with 2 stages each make more than the ", kMaxCells,
                     " stages a schedule can hold");
   check_size(2 * num_workers, num_microbatches);
-  const int64_t W = num_workers;
-  const int64_t S = 2 * W;
-  const int64_t M = num_microbatches;
-  // A worker holds at most 2W chunk micro-batches (forwarded, weight gradient not yet computed),
-  // W stages' worth: the memory of 1F1B's first stage.
-  const int64_t limit = 2 * W;
+  // A worker holds at most 2W half-size micro-batches: the memory of 1F1B's first stage.
+  return greedy_split_backward(num_workers, 2, num_microbatches, Placement::kV,
+                               [num_workers](int64_t) { return 2 * num_workers; });
+}
 
-  // Simulates in unit-time ticks: a result computed at tick t is usable from tick t + 1. Each
-  // stage runs its forwards, input gradients and weight gradients in micro-batch order.
-  constexpr int64_t kNotYet = -1;
-  std::vector<int64_t> forward_tick(S * M, kNotYet), input_grad_tick(S * M, kNotYet);
-  const auto cell = [M](int64_t stage, int64_t i) { return stage * M + i; };
-  const auto done_before = [](int64_t tick, int64_t now) { return tick != kNotYet && tick < now; };
-  std::vector<int64_t> forwards(S, 0), backwards(S, 0), weights(S, 0);  // per stage: how many
+Schedule interleaved_zb1p_schedule(int64_t num_workers, int64_t stages_per_worker,
+                                   int64_t num_microbatches) {
+  check_stages(num_workers, stages_per_worker, num_microbatches);
+  const int64_t W = num_workers;
+  const int64_t v = stages_per_worker;
+  // Interleaved 1F1B's warm-up bound on what a worker holds, and W more micro-batches waiting
+  // for their weight gradients, as ZB1P's last stage holds.
+  return greedy_split_backward(W, v, num_microbatches, Placement::kLooped,
+                               [W, v](int64_t w) { return interleaved_warmup(W, v, w) + W; });
+}
+
+Schedule looped_bfs_schedule(int64_t num_workers, int64_t stages_per_worker,
+                             int64_t num_microbatches) {
+  check_stages(num_workers, stages_per_worker, num_microbatches);
+  const int64_t W = num_workers;
+  const int64_t v = stages_per_worker;
+  const int64_t M = num_microbatches;
   std::vector<std::vector<Action>> computes(W);
-  for (int64_t tick = 0, finished = 0; finished < W; ++tick) {
-    bool progressed = false;
-    for (int pass = 0; pass < 2 && !progressed; ++pass) {
-      // The second pass, only when nothing could run, lifts the memory bound.
-      const bool bounded = pass == 0;
-      for (const auto w : c10::irange(W)) {
-        const int64_t down = w, up = S - 1 - w;  // the V's two stages on this worker
-        if (weights[down] == M && weights[up] == M) continue;
-        std::optional<Action> next;
-        // 1. An input gradient, the oldest micro-batch first: it is on the critical path.
-        for (const int64_t s : {up, down}) {
-          const int64_t i = backwards[s];
-          if (i == M || (next && next->microbatch <= i)) continue;
-          if (done_before(forward_tick[cell(s, i)], tick) &&
-              (s == S - 1 || done_before(input_grad_tick[cell(s + 1, i)], tick))) {
-            next = Action{ActionKind::kBackwardInput, i, s};
-          }
-        }
-        // 2. A forward under the memory bound, the stage nearer the loss first.
-        const int64_t held = forwards[down] - weights[down] + forwards[up] - weights[up];
-        if (!next && (!bounded || held < limit)) {
-          for (const int64_t s : {up, down}) {
-            const int64_t i = forwards[s];
-            if (!next && i < M && (s == 0 || done_before(forward_tick[cell(s - 1, i)], tick))) {
-              next = Action{ActionKind::kForward, i, s};
-            }
-          }
-        }
-        // 3. Otherwise a weight gradient, the oldest first: it fills what would be a bubble.
-        if (!next) {
-          for (const int64_t s : {up, down}) {
-            const int64_t i = weights[s];
-            if (i < backwards[s] && (!next || i < next->microbatch)) {
-              next = Action{ActionKind::kBackwardWeight, i, s};
-            }
-          }
-        }
-        if (!next) continue;
-        const int64_t s = next->stage;
-        if (next->kind == ActionKind::kForward) {
-          forward_tick[cell(s, forwards[s]++)] = tick;
-        } else if (next->kind == ActionKind::kBackwardInput) {
-          input_grad_tick[cell(s, backwards[s]++)] = tick;
-        } else {
-          ++weights[s];
-          if (weights[down] == M && weights[up] == M) ++finished;
-        }
-        computes[w].push_back(*next);
-        progressed = true;
+  for (const auto w : c10::irange(W)) {
+    for (const auto c : c10::irange(v)) {
+      for (const auto i : c10::irange(M))
+        computes[w].push_back({ActionKind::kForward, i, c * W + w});
+    }
+    for (int64_t c = v - 1; c >= 0; --c) {
+      for (const auto i : c10::irange(M)) {
+        computes[w].push_back({ActionKind::kBackward, i, c * W + w});
       }
     }
-    TORCH_INTERNAL_ASSERT(progressed, "ZBV generator stalled at tick ", tick);
   }
-  return with_communication(Schedule{W, S, M, Placement::kV, computes});
+  return with_communication(Schedule{W, W * v, M, Placement::kLooped, computes});
 }
 
 Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stages,
@@ -373,12 +441,21 @@ Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stage
       }
       return zb1p_schedule(num_stages, num_microbatches);
     case ScheduleKind::kInterleavedOneFOneB:
+    case ScheduleKind::kInterleavedZeroBubble:
+    case ScheduleKind::kLoopedBFS: {
       TORCH_CHECK_VALUE(num_stages % num_workers == 0, "schedule ", kind,
                         " needs the number of stages to be a multiple of the number of workers, "
                         "but got ",
                         num_stages, " stages for ", num_workers, " workers");
-      return interleaved_one_f_one_b_schedule(num_workers, num_stages / num_workers,
-                                              num_microbatches);
+      const int64_t v = num_stages / num_workers;
+      if (kind == ScheduleKind::kInterleavedOneFOneB) {
+        return interleaved_one_f_one_b_schedule(num_workers, v, num_microbatches);
+      }
+      if (kind == ScheduleKind::kInterleavedZeroBubble) {
+        return interleaved_zb1p_schedule(num_workers, v, num_microbatches);
+      }
+      return looped_bfs_schedule(num_workers, v, num_microbatches);
+    }
     case ScheduleKind::kZeroBubbleV:
       TORCH_CHECK_VALUE(num_stages == 2 * num_workers, "schedule ", kind,
                         " runs two stages per worker in a V, but got ", num_stages, " stages for ",

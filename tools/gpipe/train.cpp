@@ -133,7 +133,8 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
       ->type_name("NAME")
       ->check(one_of(schedule::schedule_names()));
   option(pipeline, "--virtual-stages", c.virtual_stages,
-         "stages per worker: any for interleaved_1f1b, 2 for zbv")
+         "stages per worker: any for interleaved_1f1b, interleaved_zb1p and looped_bfs, 2 for "
+         "zbv")
       ->check(at_least(1));
   app->add_flag("--simulate", c.simulate,
                 "train nothing: profile the model and predict a step of every schedule it allows "
@@ -339,6 +340,19 @@ torch::nn::Sequential make_model(const TrainConfig& c, models::CharGPTOptions& o
   return saved.model;
 }
 
+namespace {
+
+// Whose bubble bound the summary prints: (W - 1) / (M v + W - 1) is that of GPipe, 1F1B and
+// interleaved 1F1B; the other schedules are measured against 1F1B's (v = 1) or interleaved
+// 1F1B's.
+std::string bound_name(const TrainConfig& c) {
+  const bool own = !c.custom_schedule && (c.schedule == "gpipe" || c.schedule == "1f1b" ||
+                                          c.schedule == "interleaved_1f1b");
+  return own ? "schedule" : c.virtual_stages == 1 ? "1F1B's" : "interleaved 1F1B's";
+}
+
+}  // namespace
+
 TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   memory::install_tracking_cpu_allocator();
   torch::manual_seed(static_cast<uint64_t>(c.seed));
@@ -457,11 +471,8 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   }
   std::snprintf(line, sizeof(line),
                 "\nbubble: %.1f%% of worker time idle (%s bound %.1f%%); %lld tasks traced\n",
-                100 * report.bubble_fraction,
-                c.schedule == "zb1p" || c.custom_schedule ? "1F1B's"
-                : c.schedule == "zbv"                     ? "interleaved 1F1B's"
-                                                          : "schedule",
-                100 * report.bubble_bound, static_cast<long long>(report.traced_tasks));
+                100 * report.bubble_fraction, bound_name(c).c_str(), 100 * report.bubble_bound,
+                static_cast<long long>(report.traced_tasks));
   out << line;
   if (!c.trace.empty()) out << "trace: " << c.trace << "\n";
   if (!c.timeline.empty()) out << "timeline: " << c.timeline << "\n";

@@ -106,7 +106,9 @@ SimulateReport simulate_schedules(const TrainConfig& c, std::ostream& out) {
   }
   if (doubled) {
     const Profile twice = profile(model, 2 * W, ScheduleKind::kZeroBubbleV, 2, c, input, target);
-    for (const auto kind : {ScheduleKind::kInterleavedOneFOneB, ScheduleKind::kZeroBubbleV}) {
+    for (const auto kind :
+         {ScheduleKind::kInterleavedOneFOneB, ScheduleKind::kInterleavedZeroBubble,
+          ScheduleKind::kLoopedBFS, ScheduleKind::kZeroBubbleV}) {
       report.forecasts.push_back(forecast(kind, W, 2 * W, M, twice));
     }
   }

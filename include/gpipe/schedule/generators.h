@@ -49,16 +49,19 @@ namespace schedule {
 
 /// The schedules the generators produce.
 enum class ScheduleKind {
-  kGPipe,                ///< fill-drain: all forwards, then all backwards
-  kOneFOneB,             ///< one forward, one backward (PipeDream-Flush)
-  kInterleavedOneFOneB,  ///< 1F1B with several virtual stages per worker
-  kZeroBubble,           ///< ZB1P: 1F1B with backward split, weight gradients fill the bubbles
-  kZeroBubbleV,          ///< ZBV: two stages per worker in a V, backward split as in ZB1P
+  kGPipe,                  ///< fill-drain: all forwards, then all backwards
+  kOneFOneB,               ///< one forward, one backward (PipeDream-Flush)
+  kInterleavedOneFOneB,    ///< 1F1B with several virtual stages per worker
+  kZeroBubble,             ///< ZB1P: 1F1B with backward split, weight gradients fill the bubbles
+  kZeroBubbleV,            ///< ZBV: two stages per worker in a V, backward split as in ZB1P
+  kInterleavedZeroBubble,  ///< interleaved ZB1P: interleaved 1F1B's stages, backward split
+  kLoopedBFS,              ///< looped BFS: interleaved stages, each stage's forwards all at once
 };
 
 std::ostream& operator<<(std::ostream& out, ScheduleKind kind);
 
-/// Parses "gpipe", "1f1b", "interleaved_1f1b", "zb1p" or "zbv". Throws c10::ValueError for anything
+/// Parses "gpipe", "1f1b", "interleaved_1f1b", "zb1p", "zbv", "interleaved_zb1p" or
+/// "looped_bfs". Throws c10::ValueError for anything
 /// else.
 ScheduleKind parse_schedule_kind(const std::string& name);
 
@@ -70,6 +73,10 @@ Placement placement_of(ScheduleKind kind);
 
 /// True for the schedules that split each backward into kBackwardInput and kBackwardWeight.
 bool splits_backward(ScheduleKind kind);
+
+/// True for the schedules of any number of looped stages per worker: interleaved 1F1B and ZB1P,
+/// looped BFS.
+bool loops_stages(ScheduleKind kind);
 bool splits_backward(const Schedule& schedule);
 
 /// The names a caller knows the options of check_schedule_options by, for its messages (e.g. a
@@ -82,7 +89,7 @@ struct ScheduleOptionNames {
 };
 
 /// The rules every engine and the command apply to a schedule's options: stages_per_worker is
-/// positive, 2 for kZeroBubbleV, and more than 1 only for it and kInterleavedOneFOneB;
+/// positive, 2 for kZeroBubbleV, and more than 1 only for it and the loops_stages() kinds;
 /// checkpointing is not for the schedules that split backwards, which leave no place for a
 /// recomputation. Throws c10::ValueError naming the
 /// options by `names`.
@@ -115,9 +122,22 @@ Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_pe
 /// c10::ValueError unless both are positive.
 Schedule zbv_schedule(int64_t num_workers, int64_t num_microbatches);
 
+/// Interleaved ZB1P: interleaved 1F1B's looped stages with backwards split as in ZB1P, made as
+/// ZBV is, with interleaved 1F1B's warm-up bound plus W micro-batches waiting for their weight
+/// gradients. Throws c10::ValueError unless all three are positive.
+Schedule interleaved_zb1p_schedule(int64_t num_workers, int64_t stages_per_worker,
+                                   int64_t num_microbatches);
+
+/// Looped BFS: looped stages; each worker runs all forwards of its first stage, then of its next,
+/// and the backwards in reverse (GPipe over looped stages: every stage holds all M micro-batches).
+/// Throws c10::ValueError unless all three are positive.
+Schedule looped_bfs_schedule(int64_t num_workers, int64_t stages_per_worker,
+                             int64_t num_microbatches);
+
 /// The schedule of `kind` for `num_stages` stages on `num_workers` workers. GPipe, 1F1B and ZB1P
-/// need num_stages == num_workers; interleaved 1F1B needs num_stages to be a multiple of
-/// num_workers; ZBV needs num_stages == 2 * num_workers. Throws c10::ValueError otherwise.
+/// need num_stages == num_workers; interleaved 1F1B and ZB1P and looped BFS need num_stages to
+/// be a multiple of num_workers; ZBV needs num_stages == 2 * num_workers. Throws
+/// c10::ValueError otherwise.
 Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stages,
                        int64_t num_microbatches);
 
