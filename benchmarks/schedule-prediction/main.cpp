@@ -4,8 +4,9 @@
 //
 // Two predictions per schedule: from its own run's trace, and before running it - from the
 // trace of another schedule of the same stages (ZB1P's for GPipe, 1F1B and ZB1P, which has every
-// kind of compute; ZBV's for interleaved 1F1B and ZBV). The measured steps go round by round,
-// each schedule in turn, the first one rotating, so a shared machine's drift falls on all alike.
+// kind of compute; ZBV's for the schedules of 2 stages per worker). The measured steps go round by
+// round, each schedule in turn, the first one rotating, so a shared machine's drift falls on all
+// alike.
 //
 // Usage: schedule_prediction [--width W] [--layers L] [--batch N] [--chunks M] [--steps R]
 // Default: 16 x (Linear(512, 512) + Tanh), batch 2048, 8 micro-batches, 7 measured steps.
@@ -68,6 +69,8 @@ int main(int argc, char** argv) {
   contenders.push_back({"1F1B", gs::ScheduleKind::kOneFOneB, 2, "ZB1P"});
   contenders.push_back({"ZB1P", gs::ScheduleKind::kZeroBubble, 2, "ZB1P"});
   contenders.push_back({"interleaved 1F1B", gs::ScheduleKind::kInterleavedOneFOneB, 4, "ZBV"});
+  contenders.push_back({"interleaved ZB1P", gs::ScheduleKind::kInterleavedZeroBubble, 4, "ZBV"});
+  contenders.push_back({"looped BFS", gs::ScheduleKind::kLoopedBFS, 4, "ZBV"});
   contenders.push_back({"ZBV", gs::ScheduleKind::kZeroBubbleV, 4, "ZBV"});
   for (auto& c : contenders) {
     torch::manual_seed(0);
