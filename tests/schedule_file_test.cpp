@@ -119,8 +119,8 @@ TEST(ScheduleFileTest, RefusesBrokenFilesNamingTheLine) {
                           "s.txt: invalid schedule: deadlock: line 1 (worker 0) waits at action 2, "
                           "RecvGradient(microbatch=0, stage=0)");
   GPIPE_EXPECT_THROW_WITH(parse_schedule("worker 1: 0F0 0B0\n", "s.txt"), c10::ValueError,
-                          "s.txt, line 1: 'worker 1:' labels worker 0 (the 1th line of actions), "
-                          "which reads 'worker 0:'");
+                          "s.txt, line 1: 'worker 1:' labels the line of worker 0, which reads "
+                          "'worker 0:' (lines of actions are workers 0, 1, ... in order)");
   GPIPE_EXPECT_THROW_WITH(parse_schedule("0UNSHARD 0F0 0B0\n", "s.txt"), c10::ValueError,
                           "s.txt, line 1: '0UNSHARD': UNSHARD and RESHARD (FSDP in "
                           "torch.distributed.pipelining) are not actions of gpipe's schedules");

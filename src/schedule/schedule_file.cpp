@@ -121,9 +121,9 @@ Schedule parse_schedule(const std::string& text, const std::string& source) {
       std::string label;
       words >> label;
       const std::string expected = c10::str(w, ":");
-      TORCH_CHECK_VALUE(label == expected, where, "'worker ", label, "' labels worker ", w,
-                        " (the ", w + 1, "th line of actions), which reads 'worker ", expected,
-                        "'");
+      TORCH_CHECK_VALUE(label == expected, where, "'worker ", label, "' labels the line of worker ",
+                        w, ", which reads 'worker ", expected,
+                        "' (lines of actions are workers 0, 1, ... in order)");
     } else {
       words.clear();
       words.seekg(0);  // the word was an action
