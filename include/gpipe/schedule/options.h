@@ -53,8 +53,8 @@ class ScheduleOptions {
     return custom_schedule_ ? custom_schedule_->placement : placement_of(schedule_);
   }
 
-  /// Stages per worker: 1, any number for kInterleavedOneFOneB (worker w runs stages w, w + W,
-  /// ... of W workers), 2 for kZeroBubbleV (stages w and 2W - 1 - w). Default: 1.
+  /// Stages per worker: 1, any number for the loops_stages() kinds (worker w runs stages w,
+  /// w + W, ... of W workers), 2 for kZeroBubbleV (stages w and 2W - 1 - w). Default: 1.
   Options& stages_per_worker(int64_t value) { return stages_per_worker_ = value, self(); }
   int64_t stages_per_worker() const { return stages_per_worker_; }
 

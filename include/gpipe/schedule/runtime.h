@@ -1,6 +1,6 @@
 // PipelineSchedule: trains a model split into stages with an explicit pipeline schedule (GPipe,
-// 1F1B, interleaved 1F1B, ZB1P, ZBV), one worker thread per group of stages, forward and backward
-// running in parallel across stages.
+// 1F1B, ZB1P, interleaved 1F1B and ZB1P, looped BFS, ZBV, or one's own), one worker thread per
+// group of stages, forward and backward running in parallel across stages.
 //
 // step(input, target) splits the batch into micro-batches, validates the schedule (validate.h),
 // and starts one thread per worker, each running its list of actions; a ThreadTransport carries
