@@ -129,6 +129,24 @@ TEST(ScheduleValidateTest, ZbvRunsAVAndHoldsWhat1F1BHolds) {
   }
 }
 
+// Hand-broken ZBV schedules are refused naming the action: a forward of the V's turn before its
+// input comes round, and a stage of the other worker.
+TEST(ScheduleValidateTest, RejectsBrokenVSchedules) {
+  Schedule early = zbv_schedule(2, 2);
+  auto& turn = early.actions[1];  // worker 1 runs stages 1 and 2: the turn
+  const auto forward = std::find(turn.begin(), turn.end(), Action{K::kForward, 0, 2});
+  ASSERT_NE(forward, turn.end());
+  std::rotate(turn.begin(), forward, forward + 1);  // Forward(0, 2) first
+  GPIPE_EXPECT_THROW_WITH(validate(early), c10::ValueError,
+                          "worker 1, action 0, Forward(microbatch=0, stage=2): uses the activation "
+                          "of micro-batch 0 before it arrives");
+  Schedule misplaced = zbv_schedule(2, 2);
+  misplaced.actions[0].insert(misplaced.actions[0].begin(), Action{K::kForward, 0, 1});
+  GPIPE_EXPECT_THROW_WITH(validate(misplaced), c10::ValueError,
+                          "worker 0, action 0, Forward(microbatch=0, stage=1): stage 1 runs on "
+                          "worker 1, not on worker 0");
+}
+
 // With unit costs ZBV has no bubble once there are as many micro-batches as workers: each worker
 // computes its 6M actions (F, B and W of two stages) in 6M + W - 1 rounds, W - 1 being how long
 // the first micro-batch takes to reach the last worker, which no schedule avoids. (1F1B on W
