@@ -17,6 +17,17 @@ namespace {
 
 using K = ActionKind;
 
+// The most micro-batches `actions` hold at once: forwarded, weight gradient not yet computed
+// (schedules that split backwards).
+int64_t most_held(const std::vector<Action>& actions) {
+  int64_t held = 0, most = 0;
+  for (const Action& a : actions) {
+    if (a.kind == K::kForward) most = std::max(most, ++held);
+    if (a.kind == K::kBackwardWeight) --held;
+  }
+  return most;
+}
+
 TEST(ScheduleValidateTest, GeneratedSchedulesAreValid) {
   for (int64_t stages = 1; stages <= 4; ++stages) {
     for (int64_t m = 1; m <= 8; ++m) {
@@ -110,15 +121,12 @@ TEST(ScheduleValidateTest, ZbvRunsAVAndHoldsWhat1F1BHolds) {
       }
       for (int64_t w = 0; w < W; ++w) {
         std::map<std::pair<int64_t, K>, int64_t> counts;  // per (stage, kind)
-        int64_t held = 0, most = 0;
         for (const Action& a : schedule.actions[w]) {
           EXPECT_TRUE(a.stage == w || a.stage == 2 * W - 1 - w) << "worker " << w << ": " << a;
           EXPECT_NE(a.kind, K::kBackward) << a;
           ++counts[{a.stage, a.kind}];
-          if (a.kind == K::kForward) most = std::max(most, ++held);
-          if (a.kind == K::kBackwardWeight) --held;
         }
-        EXPECT_LE(most, 2 * W) << "worker " << w;
+        EXPECT_LE(most_held(schedule.actions[w]), 2 * W) << "worker " << w;
         for (const int64_t s : {w, 2 * W - 1 - w}) {
           for (const K kind : {K::kForward, K::kBackwardInput, K::kBackwardWeight}) {
             EXPECT_EQ((counts[{s, kind}]), m) << "stage " << s << ", " << kind;
@@ -131,6 +139,12 @@ TEST(ScheduleValidateTest, ZbvRunsAVAndHoldsWhat1F1BHolds) {
 
 // Hand-broken ZBV schedules are refused naming the action: a forward of the V's turn before its
 // input comes round, and a stage of the other worker.
+TEST(ScheduleValidateTest, WithCommunicationTakesComputeActionsOnly) {
+  GPIPE_EXPECT_THROW_WITH(with_communication(one_f_one_b_schedule(2, 1)), c10::ValueError,
+                          "with_communication takes compute actions only, but worker 0 has "
+                          "SendActivation(microbatch=0, stage=0)");
+}
+
 TEST(ScheduleValidateTest, RejectsBrokenVSchedules) {
   Schedule early = zbv_schedule(2, 2);
   auto& turn = early.actions[1];  // worker 1 runs stages 1 and 2: the turn
@@ -171,13 +185,9 @@ TEST(ScheduleValidateTest, LoopedBfsAndInterleavedZb1pHold) {
         for (const int64_t pending : bfs.max_pending) EXPECT_EQ(pending, m);
         const Schedule zb = interleaved_zb1p_schedule(W, v, m);
         for (int64_t w = 0; w < W; ++w) {
-          int64_t held = 0, most = 0;
-          for (const Action& a : zb.actions[w]) {
-            EXPECT_EQ(a.stage % W, w) << a;
-            if (a.kind == K::kForward) most = std::max(most, ++held);
-            if (a.kind == K::kBackwardWeight) --held;
-          }
-          EXPECT_LE(most, (W - w - 1) * 2 + (v - 1) * W + 1 + W) << "worker " << w;
+          for (const Action& a : zb.actions[w]) EXPECT_EQ(a.stage % W, w) << a;
+          EXPECT_LE(most_held(zb.actions[w]), (W - w - 1) * 2 + (v - 1) * W + 1 + W)
+              << "worker " << w;
         }
       }
     }

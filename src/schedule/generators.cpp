@@ -44,9 +44,8 @@ Schedule with_communication(const Schedule& computes) {
     actions.clear();
     for (const Action& a : computes.actions[w]) {
       TORCH_CHECK_VALUE(is_compute(a.kind),
-                        "with_communication takes compute actions only, but "
-                        "worker ",
-                        w, " has ", a);
+                        "with_communication takes compute actions only, but worker ", w, " has ",
+                        a);
       const bool first = a.stage == 0;
       const bool last = a.stage == last_stage;
       if (a.kind == ActionKind::kForward) {
