@@ -15,6 +15,7 @@
 #include <functional>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 namespace gpipe {
 namespace distributed {
@@ -37,6 +38,12 @@ std::string next_message(int64_t from_stage, int64_t to_stage) {
          std::to_string(to_stage);
 }
 
+// What a message of `kind` on `lane` carries, in errors.
+std::string message_name(int64_t kind, schedule::Lane lane) {
+  if (lane == schedule::Lane::kPipeline) return kind_name(kind);
+  return kind == kActivation ? "skip tensors" : "skip gradients";
+}
+
 }  // namespace
 
 struct C10dTransport::Edge {
@@ -51,9 +58,10 @@ struct C10dTransport::Edge {
 };
 
 struct C10dTransport::State {
-  std::map<std::pair<int64_t, int64_t>, Edge> edges;
-  // Activations sent per (to_stage, micro-batch): what their gradients must look like.
-  std::map<std::pair<int64_t, int64_t>, MessageMetadata> sent;
+  std::map<std::tuple<int64_t, int64_t, schedule::Lane>, Edge> edges;  // (from, to, lane)
+  // Activations sent per (from_stage, to_stage, lane, micro-batch): what their gradients must
+  // look like.
+  std::map<std::tuple<int64_t, int64_t, schedule::Lane, int64_t>, MessageMetadata> sent;
   std::map<int64_t, PostedReceive> posted_values;  // post_recv_from_rank, per rank
 };
 
@@ -101,12 +109,14 @@ C10dTransport::~C10dTransport() {
   monitor_->close(failed);
 }
 
-C10dTransport::Edge& C10dTransport::edge(int64_t from_stage, int64_t to_stage) {
+C10dTransport::Edge& C10dTransport::edge(int64_t from_stage, int64_t to_stage,
+                                         schedule::Lane lane) {
+  const bool neighbours = to_stage == from_stage + 1 || to_stage + 1 == from_stage;
   TORCH_CHECK_INDEX(
       from_stage >= 0 && from_stage < num_stages_ && to_stage >= 0 && to_stage < num_stages_ &&
-          (to_stage == from_stage + 1 || to_stage + 1 == from_stage),
+          from_stage != to_stage && (neighbours || lane == schedule::Lane::kSkip),
       "no edge from stage ", from_stage, " to stage ", to_stage, " among ", num_stages_, " stages");
-  return state_->edges[{from_stage, to_stage}];
+  return state_->edges[{from_stage, to_stage, lane}];
 }
 
 Backend& C10dTransport::backend(const c10::Device& device, int tag) {
@@ -119,19 +129,24 @@ Backend& C10dTransport::backend(const c10::Device& device, int tag) {
   return *nccl;
 }
 
-int C10dTransport::edge_tag(int64_t from_stage, int64_t to_stage) const {
-  // s -> s + 1 is 2s, s + 1 -> s is 2s + 1; 2 * num_stages carries values between ranks.
+int C10dTransport::edge_tag(int64_t from_stage, int64_t to_stage, schedule::Lane lane) const {
+  // s -> s + 1 is 2s, s + 1 -> s is 2s + 1; 2 * num_stages carries values between ranks; the
+  // skip lane's edges come after it.
+  if (lane == schedule::Lane::kSkip) {
+    return static_cast<int>(2 * num_stages_ + 1 + from_stage * num_stages_ + to_stage);
+  }
   return static_cast<int>(to_stage > from_stage ? 2 * from_stage : 2 * to_stage + 1);
 }
 
-void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int64_t tag) {
-  Edge& e = edge(from_stage, to_stage);
+void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int64_t tag,
+                         schedule::Lane lane) {
+  Edge& e = edge(from_stage, to_stage, lane);
   TORCH_CHECK_VALUE(rank_of(from_stage) == rank(), "rank ", rank(), " cannot send for stage ",
                     from_stage, ", which rank ", rank_of(from_stage), " runs");
   const int64_t kind = to_stage > from_stage ? kActivation : kGradient;
   std::ostringstream what;
-  what << "the " << kind_name(kind) << " of micro-batch " << tag << " from stage " << from_stage
-       << " to stage " << to_stage << " (rank " << rank_of(to_stage) << ")";
+  what << "the " << message_name(kind, lane) << " of micro-batch " << tag << " from stage "
+       << from_stage << " to stage " << to_stage << " (rank " << rank_of(to_stage) << ")";
   check_not_failed("sending " + what.str());
   const MessageMetadata meta = metadata_of(batch);
   if (kind == kActivation) {
@@ -140,9 +155,9 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
                       " sends to stage ", to_stage, " for micro-batch ", tag, " an activation ",
                       describe(meta), ", but the edge agreed on ", describe(*e.agreed, true),
                       " with its first message");
-    state_->sent[{to_stage, tag}] = meta;
+    state_->sent[{from_stage, to_stage, lane, tag}] = meta;
   } else {
-    auto it = state_->sent.find({from_stage, tag});
+    auto it = state_->sent.find({to_stage, from_stage, lane, tag});
     TORCH_INTERNAL_ASSERT(it != state_->sent.end(), "no activation of micro-batch ", tag,
                           " came to stage ", from_stage);
     TORCH_CHECK_VALUE(fits(meta, it->second), "stage ", from_stage, " sends to stage ", to_stage,
@@ -151,7 +166,7 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
     state_->sent.erase(it);
   }
   const int peer = static_cast<int>(rank_of(to_stage));
-  const int t = edge_tag(from_stage, to_stage);
+  const int t = edge_tag(from_stage, to_stage, lane);
   const auto start = Clock::now();
   for (const auto& x : batch) {
     TORCH_CHECK_VALUE(!x.defined() || x.device() == device_, "rank ", rank(),
@@ -196,17 +211,17 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
   communication_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
-  Edge& e = edge(from_stage, to_stage);
+Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag, schedule::Lane lane) {
+  Edge& e = edge(from_stage, to_stage, lane);
   TORCH_CHECK_VALUE(rank_of(to_stage) == rank(), "rank ", rank(), " cannot receive for stage ",
                     to_stage, ", which rank ", rank_of(to_stage), " runs");
   const int64_t kind = to_stage > from_stage ? kActivation : kGradient;
   const int64_t peer = rank_of(from_stage);
   std::ostringstream what;
-  what << "the " << kind_name(kind) << " of micro-batch " << tag << " from stage " << from_stage
-       << " (rank " << peer << ") to stage " << to_stage;
+  what << "the " << message_name(kind, lane) << " of micro-batch " << tag << " from stage "
+       << from_stage << " (rank " << peer << ") to stage " << to_stage;
   check_not_failed("waiting for " + what.str());
-  const int t = edge_tag(from_stage, to_stage);
+  const int t = edge_tag(from_stage, to_stage, lane);
   if (!e.posted) post_receive(e, peer, t, what.str());
   const PostedReceive posted = std::move(*e.posted);
   e.posted.reset();
@@ -223,9 +238,9 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag) {
                       " received from stage ", from_stage, " for micro-batch ", tag,
                       " an activation ", describe(h.meta), ", but the edge agreed on ",
                       describe(*e.agreed, true), " with its first message");
-    state_->sent[{to_stage, tag}] = h.meta;
+    state_->sent[{from_stage, to_stage, lane, tag}] = h.meta;
   } else {
-    auto it = state_->sent.find({from_stage, tag});
+    auto it = state_->sent.find({to_stage, from_stage, lane, tag});
     TORCH_INTERNAL_ASSERT(it != state_->sent.end(), "stage ", to_stage, " sent no activation of ",
                           "micro-batch ", tag);
     TORCH_CHECK_VALUE(fits(h.meta, it->second), "stage ", to_stage, " received from stage ",
@@ -276,10 +291,10 @@ void C10dTransport::expect(int64_t from_stage, int64_t to_stage, int64_t count) 
   TORCH_CHECK_VALUE(count >= 0, "count must be non-negative, but got ", count);
   TORCH_CHECK_VALUE(rank_of(to_stage) == rank(), "rank ", rank(), " cannot receive for stage ",
                     to_stage, ", which rank ", rank_of(to_stage), " runs");
-  Edge& e = edge(from_stage, to_stage);
+  Edge& e = edge(from_stage, to_stage, schedule::Lane::kPipeline);
   e.expected = count;
   if (count > 0 && !e.posted) {
-    post_receive(e, rank_of(from_stage), edge_tag(from_stage, to_stage),
+    post_receive(e, rank_of(from_stage), edge_tag(from_stage, to_stage, schedule::Lane::kPipeline),
                  next_message(from_stage, to_stage));
   }
 }

@@ -5,10 +5,12 @@
 // world or of this rank's block of P ranks, with several pipelines side by side: pipeline_size. A
 // batch starts with a fixed-size header (int64: kind, micro-batch, stages, and per tensor its dtype
 // and shape), all on the directed edge's own tag, so edges between the same two ranks (interleaved
-// schedules) never mix. A batch no larger than the largest before it on its edge travels as one
-// message, header and tensors' bytes together, into a buffer of that size (received tensors are
-// views of it); a larger one, such as the edge's first, as the header and then one message per
-// non-empty tensor. Sends are asynchronous: their work is kept until flush().
+// schedules) never mix, nor do the two lanes of an edge (schedule/transport.h): the skip lane's
+// edges, between any two stages, are tagged after the pipeline's. A batch no larger than the
+// largest before it on its edge travels as one message, header and tensors' bytes together, into a
+// buffer of that size (received tensors are views of it); a larger one, such as the edge's first,
+// as the header and then one message per non-empty tensor. Sends are asynchronous: their work is
+// kept until flush().
 //
 // Why one message and receives posted ahead (expect()): Gloo writes a send only once the
 // receiver has posted its receive. Posted on demand, a batch started moving when the receiving
@@ -106,13 +108,15 @@ class C10dTransport : public schedule::Transport {
   C10dTransport(const C10dTransport&) = delete;
   C10dTransport& operator=(const C10dTransport&) = delete;
 
-  /// REQUIRES: this rank runs from_stage; to_stage is a neighbour. Throws c10::ValueError on a
-  /// metadata mismatch, c10::Error after any rank failed.
-  void send(Batch batch, int64_t from_stage, int64_t to_stage, int64_t tag) override;
+  /// REQUIRES: this rank runs from_stage; to_stage is a neighbour on the pipeline lane. Throws
+  /// c10::ValueError on a metadata mismatch, c10::Error after any rank failed.
+  void send(Batch batch, int64_t from_stage, int64_t to_stage, int64_t tag,
+            schedule::Lane lane = schedule::Lane::kPipeline) override;
 
   /// REQUIRES: this rank runs to_stage. Throws c10::ValueError on a metadata mismatch or an
   /// unexpected message, c10::Error if the peer fails, dies or times out, or any rank failed.
-  Batch recv(int64_t from_stage, int64_t to_stage, int64_t tag) override;
+  Batch recv(int64_t from_stage, int64_t to_stage, int64_t tag,
+             schedule::Lane lane = schedule::Lane::kPipeline) override;
 
   /// Aborts the waits of this rank (they throw); does not tell other ranks (report_failure does).
   void abort() override;
@@ -125,12 +129,12 @@ class C10dTransport : public schedule::Transport {
   /// same messages.
   void begin_step();
 
-  /// Announces that this step receives `count` more messages on the edge from `from_stage` to
-  /// this rank's `to_stage`: each receive is then posted as soon as the one before has arrived
-  /// (the first now), so a sender never waits for this rank to ask. Announce only batches that
-  /// will come: a receive posted for one that does not would take the edge's next message, even
-  /// a later transport's on the same group. Throws c10::ValueError for a negative count or a
-  /// stage this rank does not run.
+  /// Announces that this step receives `count` more messages on the pipeline lane of the edge
+  /// from `from_stage` to this rank's `to_stage`: each receive is then posted as soon as the one
+  /// before has arrived (the first now), so a sender never waits for this rank to ask. Announce
+  /// only batches that will come: a receive posted for one that does not would take the edge's next
+  /// message, even a later transport's on the same group. Throws c10::ValueError for a negative
+  /// count or a stage this rank does not run.
   void expect(int64_t from_stage, int64_t to_stage, int64_t count);
 
   /// Sends `value` from this rank to `to_rank` outside the stages' edges (e.g. the loss), and
@@ -182,13 +186,13 @@ class C10dTransport : public schedule::Transport {
   struct Edge;   // c10d_transport.cpp
   struct State;  // the edges, what was sent on them, the receives posted ahead
 
-  Edge& edge(int64_t from_stage, int64_t to_stage);
+  Edge& edge(int64_t from_stage, int64_t to_stage, schedule::Lane lane);
   // The backend that carries tensors of `device` with tag `tag`: Gloo for CPU, else the tag's
   // NCCL backend (made on first use).
   Backend& backend(const c10::Device& device, int tag);
   // Posts the receive of the edge's next message into a buffer of its recv_capacity.
   void post_receive(Edge& e, int64_t peer, int tag, const std::string& what);
-  int edge_tag(int64_t from_stage, int64_t to_stage) const;
+  int edge_tag(int64_t from_stage, int64_t to_stage, schedule::Lane lane) const;
   // Waits for `work`, abortable by the watcher. On failure records and throws; `what` and
   // `peer` describe what was awaited.
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what, int64_t peer);

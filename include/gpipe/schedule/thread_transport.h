@@ -1,8 +1,9 @@
 // ThreadTransport: the in-process Transport, for stages run by threads of one process.
 //
 // One bounded queue per directed edge between neighbouring stages (s -> s + 1 for activations,
-// s + 1 -> s for gradients). Tensors pass by reference, with no copy: the sender hands over
-// tensors that it no longer changes.
+// s + 1 -> s for gradients), and an unbounded one per edge of the skip lane, between any two
+// stages. Tensors pass by reference, with no copy: the sender hands over tensors that it no
+// longer changes.
 //
 // Thread safety: every call may come from any thread. All queues are guarded by one mutex;
 // waiting calls sleep on one condition variable.
@@ -13,6 +14,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -27,13 +29,17 @@ class ThreadTransport : public Transport {
   /// Throws c10::ValueError unless both are positive.
   ThreadTransport(int64_t num_stages, int64_t capacity);
 
-  /// Throws c10::IndexError unless the stages are neighbours in range.
-  void send(Batch batch, int64_t from_stage, int64_t to_stage, int64_t tag) override;
-  Batch recv(int64_t from_stage, int64_t to_stage, int64_t tag) override;
+  /// Throws c10::IndexError unless the stages are in range and, on the pipeline lane,
+  /// neighbours.
+  void send(Batch batch, int64_t from_stage, int64_t to_stage, int64_t tag,
+            Lane lane = Lane::kPipeline) override;
+  Batch recv(int64_t from_stage, int64_t to_stage, int64_t tag,
+             Lane lane = Lane::kPipeline) override;
   void abort() override;
 
  private:
-  std::deque<std::pair<int64_t, Batch>>& queue(int64_t from_stage, int64_t to_stage);
+  using Queue = std::deque<std::pair<int64_t, Batch>>;
+  Queue& queue(int64_t from_stage, int64_t to_stage, Lane lane);
 
   const int64_t num_stages_;
   const size_t capacity_;
@@ -41,7 +47,8 @@ class ThreadTransport : public Transport {
   std::condition_variable changed_;
   bool aborted_ = false;  // guarded by mutex_
   // Guarded by mutex_: queues_[2 * s] carries s -> s + 1, queues_[2 * s + 1] s + 1 -> s.
-  std::vector<std::deque<std::pair<int64_t, Batch>>> queues_;
+  std::vector<Queue> queues_;
+  std::map<std::pair<int64_t, int64_t>, Queue> skip_queues_;  // guarded by mutex_, by edge
 };
 
 }  // namespace schedule
