@@ -60,7 +60,7 @@ void check_layout(int64_t world_size, const torch::nn::Sequential& module,
                       " stage(s) each run ", detail::to_string(stages));
   }
   detail::check_balance(module, balance);
-  detail::verify_skips_within_stages(detail::split_by_balance(module, balance));
+  detail::verify_skips(detail::split_by_balance(module, balance));
 }
 
 }  // namespace
@@ -90,12 +90,13 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
   num_stages_ = static_cast<int64_t>(balance.size());
   by_index_.assign(num_stages_, nullptr);
   auto parts = detail::split_by_balance(module, balance);
+  const skip::SkipLayout skips = skip::inspect_skip_layout(parts);
   const schedule::Placement placement = options_.placement();
   for (const auto s : c10::irange(num_stages_)) {
     if (schedule::worker_of(placement, s, P) != rank % P) continue;
     parts[s]->to(device);
     stages_.push_back(std::make_unique<schedule::Stage>(s, num_stages_, std::move(parts[s]), device,
-                                                        options_.checkpoint()));
+                                                        options_.checkpoint(), &skips));
     by_index_[s] = stages_.back().get();
   }
   if (options_.data_parallel() > 1) {

@@ -12,17 +12,15 @@
 namespace gpipe {
 namespace detail {
 
-void verify_skips_within_stages(const std::vector<torch::nn::Sequential>& stages) {
-  // Portals carry skips between GPipe's partitions; stages here keep theirs to themselves.
-  const skip::SkipLayout layout = skip::inspect_skip_layout(stages);
-  for (const auto s : c10::irange(stages.size())) {
-    for (const auto& route : layout.stashed_in(s)) {
-      TORCH_CHECK_VALUE(route.pop_partition == s, "skip '", route.key.second,
-                        "' is stashed in stage ", s, " and popped in stage ", route.pop_partition,
-                        ", but explicit schedules carry skip connections only within a stage");
-    }
-    skip::verify_skippables(stages[s]);
+skip::SkipLayout verify_skips(const std::vector<torch::nn::Sequential>& stages) {
+  // Stashes and pops pair up across the pipeline as in the whole model, its layers numbered as
+  // in it.
+  torch::nn::Sequential whole;
+  for (const auto& stage : stages) {
+    for (const auto& layer : *stage) whole->push_back(layer);
   }
+  skip::verify_skippables(whole);
+  return skip::inspect_skip_layout(stages);
 }
 
 StepBatches split_step(const Batch& input, const Batch& target, int64_t chunks,

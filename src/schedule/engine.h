@@ -1,7 +1,7 @@
 // What the two schedule engines share: PipelineSchedule (a thread per worker, runtime.h) and
 // distributed::PipelineStage (a process per worker, pipeline_stage.h) differ only in where their
 // workers run and which transport carries tensors between them. Both check their stages with
-// verify_skips_within_stages, and each step splits its batch with split_step, takes the
+// verify_skips, and each step splits its batch with split_step, takes the
 // schedule from a ScheduleCache, begins the step on its stages, runs its actions (run_actions.h)
 // and adds up the losses with total_loss.
 //
@@ -13,6 +13,7 @@
 #include "gpipe/schedule/generators.h"
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/runtime.h"
+#include "gpipe/skip/layout.h"
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -25,9 +26,9 @@
 namespace gpipe {
 namespace detail {
 
-/// Throws c10::ValueError for a skip connection between stages (the engines carry skips only
-/// within a stage), c10::TypeError for stashes and pops that do not pair up within a stage.
-void verify_skips_within_stages(const std::vector<torch::nn::Sequential>& stages);
+/// The layout of the skip connections of `stages` (each stage gets its routes from it). Throws
+/// c10::TypeError for stashes and pops that do not pair up across the pipeline.
+skip::SkipLayout verify_skips(const std::vector<torch::nn::Sequential>& stages);
 
 /// One step's micro-batches of the input and of the target, and the scale of each one's loss.
 struct StepBatches {

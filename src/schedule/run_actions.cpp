@@ -7,6 +7,7 @@
 
 #include <map>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 namespace gpipe {
@@ -36,6 +37,14 @@ const char* trace_name(ActionKind kind) {
   return "action";
 }
 
+// The stage at the other end of a route: the popping stage for a stage's stashes, the stashing
+// stage for its pops.
+int64_t other_stage(const skip::SkipRoute& route, int64_t stage) {
+  return static_cast<int64_t>(route.stash_partition) == stage
+             ? static_cast<int64_t>(route.pop_partition)
+             : static_cast<int64_t>(route.stash_partition);
+}
+
 }  // namespace
 
 void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& stages,
@@ -56,6 +65,53 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
   const auto runs = [&stages](int64_t s) {
     return s >= 0 && s < static_cast<int64_t>(stages.size()) && stages[s] != nullptr;
   };
+  // Skips across stages: one message on the skip lane per pair of stages and micro-batch, with
+  // the tensors (or gradients) of every route between the two, in the routes' order (sorted by
+  // the other stage). Sent by the forward (backward) that makes them, received by the one that
+  // uses them: the other stage's forward (backward) of the micro-batch came before this one's on
+  // the pipeline's path, so the message is on its way.
+  std::map<std::tuple<int64_t, int64_t, int64_t>, Batch> skip_inbox;  // (from, to, micro-batch)
+  const auto send_skips = [&](int64_t from, const std::vector<skip::SkipRoute>& routes,
+                              SkipTensors tensors, int64_t i) {
+    for (size_t k = 0; k < routes.size();) {
+      const int64_t to = other_stage(routes[k], from);
+      std::vector<at::Tensor> message;
+      for (; k < routes.size() && other_stage(routes[k], from) == to; ++k) {
+        message.push_back(std::move(tensors[k]));
+      }
+      if (runs(to)) {
+        skip_inbox.emplace(std::make_tuple(from, to, i), Batch(std::move(message)));
+      } else {
+        transport.send(Batch(std::move(message)), from, to, i, Lane::kSkip);
+      }
+    }
+  };
+  const auto recv_skips = [&](int64_t to, const std::vector<skip::SkipRoute>& routes, int64_t i) {
+    SkipTensors tensors;
+    for (size_t k = 0; k < routes.size();) {
+      const int64_t from = other_stage(routes[k], to);
+      Batch message = [&] {
+        if (!runs(from)) return transport.recv(from, to, i, Lane::kSkip);
+        auto it = skip_inbox.find(std::make_tuple(from, to, i));
+        TORCH_INTERNAL_ASSERT(it != skip_inbox.end(), "no skips sent from stage ", from,
+                              " to stage ", to, " for micro-batch ", i);
+        Batch batch = std::move(it->second);
+        skip_inbox.erase(it);
+        return batch;
+      }();
+      for (const auto& x : message) {
+        TORCH_CHECK_VALUE(k < routes.size() && other_stage(routes[k], to) == from, "stage ", to,
+                          " received ", message.size(), " skip tensor(s) from stage ", from,
+                          " for micro-batch ", i, ", more than its routes from there");
+        tensors.push_back(x);
+        ++k;
+      }
+      TORCH_CHECK_VALUE(k == routes.size() || other_stage(routes[k], to) != from, "stage ", to,
+                        " received ", message.size(), " skip tensor(s) from stage ", from,
+                        " for micro-batch ", i, ", fewer than its routes from there");
+    }
+    return tensors;
+  };
   for (const Action& a : actions) {
     TORCH_INTERNAL_ASSERT(
         a.stage >= 0 && a.stage < static_cast<int64_t>(stages.size()) && stages[a.stage] != nullptr,
@@ -75,10 +131,14 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
         break;
       case ActionKind::kForward: {
         Batch input = stage.is_first() ? step.inputs[i] : take(received_inputs, key(a), a);
+        const SkipTensors popped = recv_skips(a.stage, stage.skip_pops(), i);
         if (stage.is_last()) {
-          losses[i] = stage.forward_loss(i, input, step.targets[i], step.loss, step.scales[i]);
+          losses[i] =
+              stage.forward_loss(i, input, step.targets[i], step.loss, step.scales[i], popped);
         } else {
-          outputs.emplace(key(a), stage.forward(i, input));
+          SkipTensors stashed;
+          outputs.emplace(key(a), stage.forward(i, input, popped, &stashed));
+          send_skips(a.stage, stage.skip_stashes(), std::move(stashed), i);
         }
         break;
       }
@@ -100,8 +160,12 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
       case ActionKind::kBackwardInput: {
         Batch grad =
             stage.is_last() ? Batch(std::vector<at::Tensor>{}) : take(received_grads, key(a), a);
-        Batch grad_input = a.kind == ActionKind::kBackward ? stage.backward(i, grad)
-                                                           : stage.backward_input(i, grad);
+        const SkipTensors stashed_grads = recv_skips(a.stage, stage.skip_stashes(), i);
+        SkipTensors popped_grads;
+        Batch grad_input = a.kind == ActionKind::kBackward
+                               ? stage.backward(i, grad, stashed_grads, &popped_grads)
+                               : stage.backward_input(i, grad, stashed_grads, &popped_grads);
+        send_skips(a.stage, stage.skip_pops(), std::move(popped_grads), i);
         if (!stage.is_first()) grad_inputs.emplace(key(a), std::move(grad_input));
         break;
       }

@@ -44,11 +44,11 @@ PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, Lo
   for (const auto s : c10::irange(S)) {
     TORCH_CHECK_VALUE(stages[s] && !stages[s]->is_empty(), "stage ", s, " has no layers");
   }
-  detail::verify_skips_within_stages(stages);
+  const skip::SkipLayout skips = detail::verify_skips(stages);
   for (const auto s : c10::irange(S)) {
     stages[s]->to(devices[s]);
-    stages_.push_back(
-        std::make_unique<Stage>(s, S, std::move(stages[s]), devices[s], options_.checkpoint()));
+    stages_.push_back(std::make_unique<Stage>(s, S, std::move(stages[s]), devices[s],
+                                              options_.checkpoint(), &skips));
   }
   schedules_ = std::make_unique<detail::ScheduleCache>(
       options_.schedule(), num_workers_, S, options_.queue_capacity(), options_.custom_schedule());

@@ -2,6 +2,7 @@
 
 #include "gpipe/batchnorm.h"
 #include "gpipe/checkpoint.h"
+#include "gpipe/skip/tracker.h"
 #include "gpipe/trace.h"
 
 #include <c10/util/Exception.h>
@@ -23,9 +24,42 @@
 
 namespace gpipe {
 namespace schedule {
+namespace {
+
+// Runs `module` on `input` with a skip tracker of its own, holding `popped` under the keys of
+// `pops`; sets `stashed` to what the layers stashed under the keys of `stashes`. `what` names
+// the stage in errors.
+Batch call_with_skips(torch::nn::Sequential& module, const Batch& input,
+                      const std::vector<skip::SkipRoute>& pops, const SkipTensors& popped,
+                      const std::vector<skip::SkipRoute>& stashes, SkipTensors* stashed,
+                      const std::string& what) {
+  auto tracker = std::make_shared<skip::SkipTracker>();
+  for (const auto k : c10::irange(pops.size())) tracker->save(pops[k].key, popped[k]);
+  Batch output = [&] {
+    skip::UseSkipTracker use(tracker);
+    return input.call(module, what);
+  }();
+  stashed->clear();
+  for (const auto& route : stashes) {
+    auto it = tracker->tensors().find(route.key);
+    TORCH_CHECK(it != tracker->tensors().end(), what, " did not stash '", route.key.second,
+                "', which stage ", route.pop_partition, " pops");
+    stashed->push_back(it->second);
+  }
+  return output;
+}
+
+std::vector<at::Tensor> detached(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> result;
+  result.reserve(tensors.size());
+  for (const auto& x : tensors) result.push_back(x.defined() ? x.detach() : x);
+  return result;
+}
+
+}  // namespace
 
 Stage::Stage(int64_t index, int64_t num_stages, torch::nn::Sequential module, c10::Device device,
-             CheckpointMode checkpoint)
+             CheckpointMode checkpoint, const skip::SkipLayout* skips)
     : index_(index),
       num_stages_(num_stages),
       module_(std::move(module)),
@@ -34,6 +68,19 @@ Stage::Stage(int64_t index, int64_t num_stages, torch::nn::Sequential module, c1
   TORCH_CHECK_INDEX(index >= 0 && index < num_stages, "stage index ", index,
                     " is out of range for ", num_stages, " stages");
   deferred_batch_norms_ = detail::deferred_batch_norms(*module_);
+  if (skips == nullptr) return;
+  TORCH_CHECK_VALUE(static_cast<int64_t>(skips->num_partitions()) == num_stages,
+                    "the skip layout has ", skips->num_partitions(), " stages, but the pipeline ",
+                    num_stages);
+  for (const auto& route : skips->popped_in(index)) {
+    if (static_cast<int64_t>(route.stash_partition) != index) skip_pops_.push_back(route);
+  }
+  for (const auto& route : skips->stashed_in(index)) {
+    if (static_cast<int64_t>(route.pop_partition) != index) skip_stashes_.push_back(route);
+  }
+  std::sort(skip_stashes_.begin(), skip_stashes_.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.pop_partition, a.key) < std::tie(b.pop_partition, b.key);
+  });
 }
 
 void Stage::begin_step(int64_t num_microbatches) {
@@ -50,6 +97,10 @@ Batch Stage::prepare_input(const Batch& input) const {
   std::vector<at::Tensor> tensors;
   tensors.reserve(input.size());
   for (const auto& x : input) {
+    if (!x.defined()) {  // a skip may stash nothing
+      tensors.push_back(x);
+      continue;
+    }
     at::Tensor y = x.to(device_);
     if (!is_first()) {
       // Cut the graph here: the gradient of this leaf is what goes back upstream.
@@ -63,22 +114,60 @@ Batch Stage::prepare_input(const Batch& input) const {
   return batch;
 }
 
-Batch Stage::run(int64_t microbatch, const Batch& input) {
+Stage::Pending Stage::run(int64_t microbatch, const Batch& input, const SkipTensors& popped) {
+  TORCH_CHECK_VALUE(popped.size() == skip_pops_.size(), "stage ", index_, " pops ",
+                    skip_pops_.size(), " skip(s) of earlier stages, but got ", popped.size(),
+                    " tensor(s) for micro-batch ", microbatch);
+  Pending pending{prepare_input(input), Batch(std::vector<at::Tensor>{})};
+  // Popped tensors are cut like the input: their gradients go back to the stashing stage.
+  pending.popped = prepare_input(Batch(popped)).tensors();
   const std::string what = "stage " + std::to_string(index_);
   const bool last = microbatch == num_microbatches_ - 1;
   if (checkpoint_ == CheckpointMode::kNever ||
       (checkpoint_ == CheckpointMode::kExceptLast && last)) {
-    return input.call(module_, what);
+    pending.output = call_with_skips(module_, pending.input, skip_pops_, pending.popped,
+                                     skip_stashes_, &pending.stashed, what);
+    return pending;
   }
-  // The recomputation holds the module, not the stage: it may outlive both. It runs inside the
-  // backward's span, on the backward's thread.
-  return gpipe::checkpoint(
-      [module = module_, what, stage = index_, microbatch](const Batch& x) mutable {
+  // Skips cross the checkpoint as more inputs and outputs, so that their gradients flow through
+  // the recomputation. The recomputation holds the module, not the stage: it may outlive both.
+  // It runs inside the backward's span, on the backward's thread.
+  const bool skips = !skip_pops_.empty() || !skip_stashes_.empty();
+  std::vector<at::Tensor> inputs = pending.input.tensors();
+  inputs.insert(inputs.end(), pending.popped.begin(), pending.popped.end());
+  auto output_atomic = std::make_shared<bool>(true);
+  const Batch outputs = gpipe::checkpoint(
+      [module = module_, what, stage = index_, microbatch, pops = skip_pops_,
+       stashes = skip_stashes_, num_inputs = pending.input.size(),
+       input_atomic = pending.input.atomic(), skips, output_atomic](const Batch& x) mutable {
         std::optional<trace::TraceSpan> span;
         if (is_recomputing()) span.emplace("recompute", stage, microbatch);
-        return x.call(module, what);
+        SkipTensors stashed;
+        if (!skips) return call_with_skips(module, x, {}, {}, {}, &stashed, what);
+        const auto& tensors = x.tensors();
+        const auto split = tensors.begin() + static_cast<std::ptrdiff_t>(num_inputs);
+        const Batch in = input_atomic ? Batch(tensors[0])
+                                      : Batch(std::vector<at::Tensor>(tensors.begin(), split));
+        const Batch out = call_with_skips(module, in, pops, SkipTensors(split, tensors.end()),
+                                          stashes, &stashed, what);
+        *output_atomic = out.atomic();
+        std::vector<at::Tensor> result = out.tensors();
+        result.insert(result.end(), stashed.begin(), stashed.end());
+        return Batch(std::move(result));
       },
-      input);
+      skips ? Batch(std::move(inputs)) : pending.input);
+  if (!skips) {
+    pending.output = outputs;
+    return pending;
+  }
+  const auto& tensors = outputs.tensors();
+  const size_t num_outputs = tensors.size() - skip_stashes_.size();
+  pending.output =
+      *output_atomic
+          ? Batch(tensors[0])
+          : Batch(std::vector<at::Tensor>(tensors.begin(), tensors.begin() + num_outputs));
+  pending.stashed.assign(tensors.begin() + num_outputs, tensors.end());
+  return pending;
 }
 
 void Stage::keep(int64_t microbatch, Pending pending) {
@@ -88,24 +177,23 @@ void Stage::keep(int64_t microbatch, Pending pending) {
   max_live_ = std::max(max_live_, static_cast<int64_t>(pending_.size()));
 }
 
-Batch Stage::forward(int64_t microbatch, const Batch& input) {
+Batch Stage::forward(int64_t microbatch, const Batch& input, const SkipTensors& popped,
+                     SkipTensors* stashed) {
   TORCH_INTERNAL_ASSERT(!is_last());
-  Batch prepared = prepare_input(input);
-  Batch output = run(microbatch, prepared);
-  std::vector<at::Tensor> detached;
-  detached.reserve(output.size());
-  for (const auto& y : output) detached.push_back(y.detach());
-  Batch sent = output;
-  sent.set_tensors(std::move(detached));
-  keep(microbatch, Pending{std::move(prepared), std::move(output)});
+  TORCH_INTERNAL_ASSERT(stashed != nullptr || skip_stashes_.empty());
+  Pending pending = run(microbatch, input, popped);
+  Batch sent = pending.output;
+  sent.set_tensors(detached(pending.output.tensors()));
+  if (stashed != nullptr) *stashed = detached(pending.stashed);
+  keep(microbatch, std::move(pending));
   return sent;
 }
 
 at::Tensor Stage::forward_loss(int64_t microbatch, const Batch& input, const Batch& target,
-                               const LossFunction& loss, double scale) {
+                               const LossFunction& loss, double scale, const SkipTensors& popped) {
   TORCH_INTERNAL_ASSERT(is_last());
-  Batch prepared = prepare_input(input);
-  Batch output = run(microbatch, prepared);
+  Pending pending = run(microbatch, input, popped);
+  const Batch& output = pending.output;
   std::vector<at::Tensor> targets;
   for (const auto& t : target) targets.push_back(t.to(device_));
   Batch moved = target;
@@ -115,7 +203,8 @@ at::Tensor Stage::forward_loss(int64_t microbatch, const Batch& input, const Bat
                     "the loss function must return a scalar, but returned a tensor of shape ",
                     value.defined() ? value.sizes() : at::IntArrayRef{});
   at::Tensor scaled = scale == 1.0 ? value.reshape({}) : value.reshape({}) * scale;
-  keep(microbatch, Pending{std::move(prepared), Batch(scaled)});
+  pending.output = Batch(scaled);
+  keep(microbatch, std::move(pending));
   return scaled.detach();
 }
 
@@ -127,7 +216,18 @@ Stage::Pending& Stage::find_pending(int64_t microbatch, const char* what) {
 }
 
 void Stage::backward_roots(int64_t microbatch, const Pending& pending, const Batch& grad_output,
-                           std::vector<at::Tensor>* outputs, std::vector<at::Tensor>* grads) const {
+                           const SkipTensors& stashed_grads, std::vector<at::Tensor>* outputs,
+                           std::vector<at::Tensor>* grads) const {
+  TORCH_CHECK_VALUE(stashed_grads.size() == pending.stashed.size(), "stage ", index_, " got ",
+                    stashed_grads.size(), " skip gradient(s) for micro-batch ", microbatch,
+                    ", but it stashed ", pending.stashed.size(), " tensor(s) for later stages");
+  for (const auto k : c10::irange(pending.stashed.size())) {
+    const at::Tensor& y = pending.stashed[k];
+    const at::Tensor& g = stashed_grads[k];
+    if (!y.defined() || !y.requires_grad() || !g.defined()) continue;
+    outputs->push_back(y);
+    grads->push_back(g.to(y.device()));
+  }
   if (is_last()) {
     if (pending.output[0].requires_grad()) {
       outputs->push_back(pending.output[0]);
@@ -147,7 +247,8 @@ void Stage::backward_roots(int64_t microbatch, const Pending& pending, const Bat
   }
 }
 
-Batch Stage::backward(int64_t microbatch, const Batch& grad_output) {
+Batch Stage::backward(int64_t microbatch, const Batch& grad_output,
+                      const SkipTensors& stashed_grads, SkipTensors* popped_grads) {
   Pending& found = find_pending(microbatch, "backward");
   TORCH_CHECK_VALUE(!found.input_done, "stage ", index_,
                     " already ran backward_input of micro-batch ", microbatch,
@@ -157,8 +258,14 @@ Batch Stage::backward(int64_t microbatch, const Batch& grad_output) {
 
   std::vector<at::Tensor> outputs;
   std::vector<at::Tensor> grads;
-  backward_roots(microbatch, pending, grad_output, &outputs, &grads);
+  backward_roots(microbatch, pending, grad_output, stashed_grads, &outputs, &grads);
   if (!outputs.empty()) torch::autograd::backward(outputs, grads);
+  if (popped_grads != nullptr) {
+    popped_grads->clear();
+    for (const auto& x : pending.popped) {
+      popped_grads->push_back(x.defined() && x.requires_grad() ? x.grad() : at::Tensor());
+    }
+  }
   if (is_first()) return Batch(std::vector<at::Tensor>{});
 
   std::vector<at::Tensor> grad_input;
@@ -219,28 +326,28 @@ std::unordered_map<Node*, Reach> reach_from(const torch::autograd::edge_list& ro
   return reach;
 }
 
-// The gradients of `input`, one per tensor (undefined where none), from the captured gradients of
-// those that require grad, in order.
-Batch input_gradients(const Batch& input, const std::vector<at::Tensor>& captured) {
-  std::vector<at::Tensor> grad_input;
-  size_t next = 0;
-  for (const auto& x : input) {
-    grad_input.push_back(x.requires_grad() ? captured[next++] : at::Tensor());
+// The gradients of `leaves`, one per tensor (undefined where none), from the captured gradients
+// of those that require grad, in order, starting at captured[*next].
+std::vector<at::Tensor> leaf_gradients(const std::vector<at::Tensor>& leaves,
+                                       const std::vector<at::Tensor>& captured, size_t* next) {
+  std::vector<at::Tensor> result;
+  for (const auto& x : leaves) {
+    result.push_back(x.defined() && x.requires_grad() ? captured[(*next)++] : at::Tensor());
   }
-  Batch result = input;
-  result.set_tensors(std::move(grad_input));
   return result;
 }
 
 }  // namespace
 
-Batch Stage::backward_input(int64_t microbatch, const Batch& grad_output) {
+Batch Stage::backward_input(int64_t microbatch, const Batch& grad_output,
+                            const SkipTensors& stashed_grads, SkipTensors* popped_grads) {
   Pending& pending = find_pending(microbatch, "backward_input");
   TORCH_CHECK_VALUE(!pending.input_done, "stage ", index_,
                     " already ran backward_input of micro-batch ", microbatch);
+  if (popped_grads != nullptr) popped_grads->clear();
   std::vector<at::Tensor> outputs;
   std::vector<at::Tensor> grads;
-  backward_roots(microbatch, pending, grad_output, &outputs, &grads);
+  backward_roots(microbatch, pending, grad_output, stashed_grads, &outputs, &grads);
   pending.input_done = true;
   torch::autograd::edge_list roots;
   for (const auto& y : outputs) roots.push_back(torch::autograd::impl::gradient_edge(y));
@@ -251,10 +358,13 @@ Batch Stage::backward_input(int64_t microbatch, const Batch& grad_output) {
     return Batch(std::vector<at::Tensor>{});
   }
 
+  // The popped tensors' gradients go upstream like the input's.
+  std::vector<at::Tensor> leaves = pending.input.tensors();
+  leaves.insert(leaves.end(), pending.popped.begin(), pending.popped.end());
   torch::autograd::edge_list input_edges;
   std::unordered_set<Node*> input_nodes;
-  for (const auto& x : pending.input) {
-    if (!x.requires_grad()) continue;
+  for (const auto& x : leaves) {
+    if (!x.defined() || !x.requires_grad()) continue;
     input_edges.push_back(torch::autograd::impl::gradient_edge(x));
     input_nodes.insert(input_edges.back().function.get());
   }
@@ -320,7 +430,11 @@ Batch Stage::backward_input(int64_t microbatch, const Batch& grad_output) {
       if (!weight_only(next)) next = Edge();
     }
   }
-  return input_gradients(pending.input, captured);
+  size_t next = 0;
+  Batch grad_input = pending.input;
+  grad_input.set_tensors(leaf_gradients(pending.input.tensors(), captured, &next));
+  if (popped_grads != nullptr) *popped_grads = leaf_gradients(pending.popped, captured, &next);
+  return grad_input;
 }
 
 void Stage::backward_weight(int64_t microbatch) {

@@ -17,12 +17,20 @@
 // parameters only. The first stage has no input gradient to send, so its backward_input() does
 // nothing and its backward_weight() runs the whole backward.
 //
+// Skips across stages (skip/skippable.h): a stage runs its layers with a skip tracker of its own.
+// The tensors it pops that an earlier stage stashed come into forward() beside its input, as
+// leaves that take a gradient like the input; those it stashes for a later stage leave forward()
+// beside its output, detached, and their gradients come into backward() beside the output's. So
+// a skip's gradient reaches the stage that stashed it without passing the stages between, and a
+// checkpointed forward treats skips as more inputs and outputs.
+//
 // Thread safety: a Stage is used by one thread at a time (the worker that runs it), so its state
 // needs no lock.
 #pragma once
 
 #include "gpipe/checkpoint.h"
 #include "gpipe/microbatch.h"
+#include "gpipe/skip/layout.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -45,14 +53,19 @@ namespace schedule {
 /// scalar.
 using LossFunction = std::function<at::Tensor(const Batch& output, const Batch& target)>;
 
+/// Tensors of skip connections that cross a stage's boundaries, or their gradients: one per
+/// route of Stage::skip_pops() or Stage::skip_stashes(), in order.
+using SkipTensors = std::vector<at::Tensor>;
+
 /// One stage of a pipeline schedule.
 class Stage {
  public:
   /// Stage `index` of `num_stages`, running `module` on `device`. A checkpointed forward
   /// (`checkpoint`: kAlways, or kExceptLast for all but the step's last micro-batch, see
-  /// begin_step) keeps no activations inside the module; backward recomputes them.
+  /// begin_step) keeps no activations inside the module; backward recomputes them. `skips`: the
+  /// layout of the whole pipeline's skips, if any cross stages.
   Stage(int64_t index, int64_t num_stages, torch::nn::Sequential module, c10::Device device,
-        CheckpointMode checkpoint);
+        CheckpointMode checkpoint, const skip::SkipLayout* skips = nullptr);
 
   int64_t index() const { return index_; }
   bool is_first() const { return index_ == 0; }
@@ -60,26 +73,39 @@ class Stage {
   const c10::Device& device() const { return device_; }
   torch::nn::Sequential& module() { return module_; }
 
-  /// Forward of `microbatch` on `input`, keeping its graph until backward(). Returns the output,
-  /// detached, to send on. REQUIRES: !is_last().
-  Batch forward(int64_t microbatch, const Batch& input);
+  /// The skips this stage pops that earlier stages stash, sorted by stashing stage, then key;
+  /// and those it stashes that later stages pop, sorted by popping stage, then key.
+  const std::vector<skip::SkipRoute>& skip_pops() const { return skip_pops_; }
+  const std::vector<skip::SkipRoute>& skip_stashes() const { return skip_stashes_; }
+
+  /// Forward of `microbatch` on `input` and the tensors it pops from earlier stages, keeping its
+  /// graph until backward(). Returns the output, detached, to send on, and sets `stashed` to the
+  /// tensors stashed for later stages, detached. Throws c10::ValueError for a wrong number of
+  /// popped tensors, or c10::Error if the layers leave a skip of another stage unstashed.
+  /// REQUIRES: !is_last().
+  Batch forward(int64_t microbatch, const Batch& input, const SkipTensors& popped = {},
+                SkipTensors* stashed = nullptr);
 
   /// Forward of `microbatch` on the last stage, then loss(output, target) * scale, kept for
   /// backward(). Returns the scaled loss, detached. Throws c10::ValueError if the loss is not a
   /// scalar. REQUIRES: is_last().
   at::Tensor forward_loss(int64_t microbatch, const Batch& input, const Batch& target,
-                          const LossFunction& loss, double scale);
+                          const LossFunction& loss, double scale, const SkipTensors& popped = {});
 
   /// Backward of `microbatch` with the gradient of its output (ignored by the last stage, which
-  /// starts at its loss). Returns the gradient of the input, an undefined tensor for an input
-  /// without one; nothing for the first stage. Frees the micro-batch's graph.
+  /// starts at its loss) and of the tensors it stashed for later stages. Returns the gradient of
+  /// the input, an undefined tensor for an input without one; nothing for the first stage; sets
+  /// `popped_grads` to the gradients of the tensors it popped. Frees the micro-batch's graph.
   /// Throws c10::ValueError if `microbatch` has no forward pending.
-  Batch backward(int64_t microbatch, const Batch& grad_output);
+  Batch backward(int64_t microbatch, const Batch& grad_output,
+                 const SkipTensors& stashed_grads = {}, SkipTensors* popped_grads = nullptr);
 
-  /// The first half of backward(): the gradient of the input of `microbatch`, returned like
-  /// backward()'s; the parameters' gradients wait for backward_weight(). Keeps the graph.
-  /// Throws c10::ValueError if `microbatch` has no forward pending or already ran this.
-  Batch backward_input(int64_t microbatch, const Batch& grad_output);
+  /// The first half of backward(): the gradients of the input and of the popped tensors of
+  /// `microbatch`, given like backward()'s; the parameters' gradients wait for
+  /// backward_weight(). Keeps the graph. Throws c10::ValueError if `microbatch` has no forward
+  /// pending or already ran this.
+  Batch backward_input(int64_t microbatch, const Batch& grad_output,
+                       const SkipTensors& stashed_grads = {}, SkipTensors* popped_grads = nullptr);
 
   /// The second half: accumulates the parameters' gradients of `microbatch` as backward() would,
   /// then frees its graph. Throws c10::ValueError if backward_input() of it has not run.
@@ -100,19 +126,25 @@ class Stage {
  private:
   struct Pending {
     Batch input;
-    Batch output;  // the scaled loss on the last stage
+    Batch output;              // the scaled loss on the last stage
+    SkipTensors popped = {};   // leaves, like the input's
+    SkipTensors stashed = {};  // in the graph, like the output
     // Set by backward_input(): where backward_weight() starts, and with which gradients.
     bool input_done = false;
     std::vector<torch::autograd::Edge> weight_roots = {};
     std::vector<at::Tensor> weight_grads = {};
   };
 
-  // The stage's outputs that take a gradient, with their gradients (the last stage: its loss).
+  // The stage's outputs and stashed tensors that take a gradient, with their gradients (the
+  // last stage: its loss).
   void backward_roots(int64_t microbatch, const Pending& pending, const Batch& grad_output,
-                      std::vector<at::Tensor>* outputs, std::vector<at::Tensor>* grads) const;
+                      const SkipTensors& stashed_grads, std::vector<at::Tensor>* outputs,
+                      std::vector<at::Tensor>* grads) const;
   Pending& find_pending(int64_t microbatch, const char* what);
 
-  Batch run(int64_t microbatch, const Batch& input);
+  // Prepares the input and popped tensors of `microbatch` and runs the layers on them
+  // (checkpointed or not): everything of a Pending but the gradients' state.
+  Pending run(int64_t microbatch, const Batch& input, const SkipTensors& popped);
   Batch prepare_input(const Batch& input) const;
   void keep(int64_t microbatch, Pending pending);
 
@@ -121,6 +153,8 @@ class Stage {
   torch::nn::Sequential module_;
   c10::Device device_;
   CheckpointMode checkpoint_;
+  std::vector<skip::SkipRoute> skip_pops_;
+  std::vector<skip::SkipRoute> skip_stashes_;
   int64_t num_microbatches_ = -1;
   std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_batch_norms_;
   std::map<int64_t, Pending> pending_;
