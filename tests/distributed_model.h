@@ -2,12 +2,15 @@
 // tests that check its results against the plain model.
 #pragma once
 
+#include "gpipe/skip/skippable.h"
+
 #include <torch/torch.h>
 
 #include <signal.h>
 
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -63,6 +66,27 @@ struct TrapImpl : torch::nn::Module {
 };
 TORCH_MODULE(Trap);
 
+// A Tanh that first adds the tensor it pops, if it pops one, and stashes its output, if it
+// stashes one: the skip connections of distributed_model(..., skips = true).
+struct SkipTanhImpl : torch::nn::Module, skip::Skippable {
+  SkipTanhImpl(const std::string& stashes, const std::string& pops)
+      : Skippable(names(stashes), names(pops)), stashes(stashes), pops(pops) {}
+
+  torch::Tensor forward(torch::Tensor x) {
+    if (!pops.empty()) x = x + pop(pops);
+    x = torch::tanh(x);
+    if (!stashes.empty()) stash(stashes, x);
+    return x;
+  }
+
+  static std::vector<std::string> names(const std::string& name) {
+    return name.empty() ? std::vector<std::string>{} : std::vector<std::string>{name};
+  }
+
+  std::string stashes, pops;
+};
+TORCH_MODULE(SkipTanh);
+
 // The layers of each of `stages` stages, as even as they go.
 inline std::vector<int64_t> distributed_balance(int64_t stages) {
   std::vector<int64_t> balance(stages, kDistributedLayers / stages);
@@ -71,10 +95,15 @@ inline std::vector<int64_t> distributed_balance(int64_t stages) {
 }
 
 // 8 Linear+Tanh pairs of varying widths in double precision, the same on every rank. With
-// trap_stage >= 0, stage trap_stage ends in a Trap(mode, armed) and `balance` counts it.
+// trap_stage >= 0, stage trap_stage ends in a Trap(mode, armed) and `balance` counts it. With
+// `skips`, two skip connections join equal widths, layer 1's output to layer 13's input ("long")
+// and layer 3's to layer 9's ("short"): on 2, 4 and 8 even stages they cross 1 to 6 stages.
 inline torch::nn::Sequential distributed_model(std::vector<int64_t>& balance,
                                                int64_t trap_stage = -1,
-                                               const std::string& mode = "", bool armed = false) {
+                                               const std::string& mode = "", bool armed = false,
+                                               bool skips = false) {
+  const std::map<int64_t, std::pair<std::string, std::string>> skip_tanh{
+      {0, {"long", ""}}, {1, {"short", ""}}, {4, {"", "short"}}, {6, {"", "long"}}};
   torch::manual_seed(0);
   const std::vector<int64_t> widths{5, 7, 6, 8, 4, 6, 5, 7, 3};
   torch::nn::Sequential model;
@@ -83,6 +112,8 @@ inline torch::nn::Sequential distributed_model(std::vector<int64_t>& balance,
     for (int64_t j = 0; j < 2; ++j) {
       if (j == 0) {
         model->push_back(torch::nn::Linear(widths[k], widths[k + 1]));
+      } else if (skips && skip_tanh.count(k)) {
+        model->push_back(SkipTanh(skip_tanh.at(k).first, skip_tanh.at(k).second));
       } else {
         model->push_back(torch::nn::Tanh());
       }

@@ -29,15 +29,15 @@ bool close(const at::Tensor& actual, const at::Tensor& expected) {
 // with the plain model's.
 void expect_equivalent(int ranks, const std::string& schedule, int64_t stages_per_worker,
                        int64_t replicas = 1, const std::string& checkpoint = "never",
-                       int64_t chunks = 4, const std::string& flags = "") {
+                       int64_t chunks = 4, const std::string& flags = "", bool skips = false) {
   SCOPED_TRACE(std::to_string(ranks) + " ranks, " + schedule + ", " +
                std::to_string(stages_per_worker) + " stage(s) per rank, " +
                std::to_string(replicas) + " replica(s), checkpoint " + checkpoint + ", " +
-               std::to_string(chunks) + " chunks");
+               std::to_string(chunks) + " chunks" + (skips ? ", skips" : ""));
   const auto [input, target] = testing::distributed_batch();
   const int64_t S = ranks / replicas * stages_per_worker;
   std::vector<int64_t> balance = testing::distributed_balance(S);
-  auto plain = testing::distributed_model(balance);
+  auto plain = testing::distributed_model(balance, -1, "", false, skips);
   const at::Tensor expected_loss = torch::mse_loss(plain->forward(input), target);
   expected_loss.backward();
 
@@ -45,7 +45,7 @@ void expect_equivalent(int ranks, const std::string& schedule, int64_t stages_pe
       ranks, "--schedule " + schedule + " --stages-per-worker " +
                  std::to_string(stages_per_worker) + " --chunks " + std::to_string(chunks) +
                  " --data-parallel " + std::to_string(replicas) + " --checkpoint " + checkpoint +
-                 " " + flags);
+                 (skips ? " --skips 1 " : " ") + flags);
   ASSERT_EQ(launch.exit_code, 0) << launch.output;
   for (int r = 0; r < ranks; ++r) {
     at::Tensor loss;
@@ -111,6 +111,26 @@ TEST(DistributedPipelineTest, ScheduleFromAFile) {
   std::ofstream(csv) << "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
                         "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1\n";
   expect_equivalent(2, "1f1b", 1, 1, "never", 2, "--schedule-file " + csv);
+}
+
+// Skips across stages go straight from the stashing rank to the popping one (the skip lane of
+// c10d_transport.h), and their gradients back: on 2 and 4 ranks under every schedule, the V's
+// included, and checkpointed.
+TEST(DistributedPipelineTest, SkipsAcrossStagesEverySchedule) {
+  for (const int ranks : {2, 4}) {
+    for (const auto& [schedule, per_rank] :
+         std::vector<std::pair<std::string, int64_t>>{{"gpipe", 1},
+                                                      {"1f1b", 1},
+                                                      {"zb1p", 1},
+                                                      {"interleaved_1f1b", 2},
+                                                      {"interleaved_zb1p", 2},
+                                                      {"looped_bfs", 2},
+                                                      {"zbv", 2}}) {
+      expect_equivalent(ranks, schedule, per_rank, 1, "never", 4, "", /*skips=*/true);
+    }
+  }
+  expect_equivalent(2, "1f1b", 1, 1, "always", 4, "", /*skips=*/true);
+  expect_equivalent(4, "zbv", 2, /*replicas=*/2, "never", 4, "", /*skips=*/true);
 }
 
 TEST(DistributedPipelineTest, Checkpointing) {

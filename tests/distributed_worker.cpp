@@ -5,7 +5,7 @@
 //            [--data-parallel D]
 //            [--fail-rank R --fail-mode throw|kill|hang|stop|mismatch|kill-connected]
 //            [--fail-attempts K] [--rendezvous-timeout-ms T] [--absent-from R] [--trace 1]
-//            [--steps N] [--schedule-file F]
+//            [--steps N] [--schedule-file F] [--skips 1]
 //
 // Trains one step (or N on the same batch, gradients adding up) of the model of
 // distributed_model.h (W x V stages of even layers) and writes DIR/loss_rank<r>.pt and
@@ -19,7 +19,8 @@
 // first K attempts (TORCHELASTIC_RESTART_COUNT < K), so that a restarted group succeeds. With
 // --absent-from R, ranks R and above exit at once, never joining. With --trace 1, each rank also
 // writes its tracer's events as DIR/trace_rank<r>.json (trace.h). With --schedule-file F, the
-// ranks run the schedule of file F (schedule_file.h), whose stages the model is cut into.
+// ranks run the schedule of file F (schedule_file.h), whose stages the model is cut into. With
+// --skips 1, the model has its skip connections across stages.
 #include "distributed_model.h"
 #include "gpipe/distributed/pipeline_stage.h"
 #include "gpipe/schedule/schedule_file.h"
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
   std::string out, schedule = "1f1b", fail_mode, checkpoint = "never", schedule_file;
   int64_t stages_per_worker = 1, chunks = 4, timeout_ms = 60000, fail_rank = -1, replicas = 1;
   int64_t rendezvous_timeout_ms = 60000, absent_from = -1, trace = 0, fail_attempts = -1;
-  int64_t steps = 1;
+  int64_t steps = 1, skips = 0;
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string flag = argv[k];
     const std::string value = argv[k + 1];
@@ -90,6 +91,8 @@ int main(int argc, char** argv) {
       steps = std::stoll(value);
     else if (flag == "--schedule-file")
       schedule_file = value;
+    else if (flag == "--skips")
+      skips = std::stoll(value);
   }
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const bool failing_attempt =
@@ -107,7 +110,7 @@ int main(int argc, char** argv) {
     std::vector<int64_t> balance = gpipe::testing::distributed_balance(S);
     // The failing rank's first stage ends in the trap; every rank has it, unarmed elsewhere.
     torch::nn::Sequential model = gpipe::testing::distributed_model(
-        balance, fail_rank, fail_mode, fail_rank == rank && failing_attempt);
+        balance, fail_rank, fail_mode, fail_rank == rank && failing_attempt, skips != 0);
     auto [input, target] = gpipe::testing::distributed_batch();
     if (replicas > 1) {
       // Replica d trains on the d-th of `replicas` equal slices of the batch.
