@@ -368,6 +368,14 @@ std::string default_python() {
   return std::string(home ? home : "/root") + "/.cache/gpipe/venv/bin/python";
 }
 
+// The first three fields of /proc/loadavg: how busy the machine was.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
 std::string torch_version() {
   return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
          std::to_string(TORCH_VERSION_PATCH);
@@ -471,6 +479,7 @@ int main(int argc, char** argv) {
   nlohmann::json rows = nlohmann::json::array();
   std::vector<std::string> errors;
   const auto begin = std::chrono::steady_clock::now();
+  const std::string load_start = load_average();
   for (const auto& model_name : split(models)) {
     const Model& m = known.at(model_name);
     for (const auto& procs : split(processes)) {
@@ -554,7 +563,8 @@ int main(int argc, char** argv) {
     }
   }
   for (const auto& e : errors) std::printf("failed: %s\n", e.c_str());
-  std::printf("total %.0f s\n", seconds_since(begin));
+  std::printf("total %.0f s; load average at the start %s, at the end %s\n", seconds_since(begin),
+              load_start.c_str(), load_average().c_str());
   std::ofstream(json_path) << nlohmann::json{{"torch", torch_version()}, {"cores", cores},
                                              {"rounds", rounds},         {"steps", steps},
                                              {"warmup", warmup},         {"rows", rows}}
