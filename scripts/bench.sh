@@ -3,9 +3,10 @@
 #
 #   bash scripts/bench.sh [--paper] [benchmark ...]
 #
-# With no names, runs all of build/benchmarks/. torchgpipe's suite (resnet101_speed,
-# amoebanetd_speed, amoebanetd_memory, unet_speed, unet_memory, unet_timeline) writes its JSON
-# reports to build/bench-results/; --paper gives them the reference's sizes (a GPU-class machine).
+# With no names, runs all of build/benchmarks/. Each runs in build/bench-results/, where those
+# that write JSON reports (torchgpipe's suite: resnet101_speed, amoebanetd_speed,
+# amoebanetd_memory, unet_speed, unet_memory, unet_timeline; peers) leave them; --paper gives
+# the suite the reference's sizes (a GPU-class machine).
 # glibc's malloc otherwise returns and refaults big blocks, which swings CPU timings by 2x.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,11 +24,9 @@ mkdir -p "$results"
 run() {
   local benchmark=$1
   echo "== $benchmark"
-  if [[ "$suite" == *" $benchmark "* ]]; then
-    (cd "$results" && "$OLDPWD/build/benchmarks/$benchmark" ${paper[@]+"${paper[@]}"})
-  else
-    "./build/benchmarks/$benchmark"
-  fi
+  local args=()
+  if [[ "$suite" == *" $benchmark "* ]]; then args=(${paper[@]+"${paper[@]}"}); fi
+  (cd "$results" && "$OLDPWD/build/benchmarks/$benchmark" ${args[@]+"${args[@]}"})
 }
 
 if (($# > 0)); then

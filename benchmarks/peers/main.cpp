@@ -26,9 +26,10 @@
 // rounds, so that a shared machine's swings hit both. Each rank runs --warmup steps, then --steps
 // timed ones. A step's time is the longest of the ranks' step() calls; the median is over every
 // timed step of every round. Peak memory: a rank's peak resident set (VmHWM) above its resident
-// set just before the first step (model and batch built), the largest over the rounds; both
-// sides run with the same glibc malloc settings (gpipe/cpu_malloc.h: freed memory kept for
-// reuse; the script gets them through GLIBC_TUNABLES).
+// set just before the first step (model and batch built, freed heap memory given back and the
+// peak reset: settled_rss_kib()), the largest over the rounds; both sides run with the same
+// glibc malloc settings (gpipe/cpu_malloc.h: freed memory kept for reuse; the script gets them
+// through GLIBC_TUNABLES).
 //
 // Usage: peers [--rounds N] [--steps R] [--warmup K] [--models compute,small]
 //              [--processes 2,4] [--schedules gpipe,1f1b,...] [--compute-batch N]
@@ -46,6 +47,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -132,6 +134,15 @@ int64_t status_kib(const std::string& field) {
   return 0;
 }
 
+// The resident set the step starts from: freed heap memory (building the model and batch) given
+// back, so that the step cannot reuse it unseen, and the peak (VmHWM) reset to it.
+// pipelining.py's settled_rss() does the same.
+int64_t settled_rss_kib() {
+  malloc_trim(0);
+  std::ofstream("/proc/self/clear_refs") << "5";
+  return status_kib("VmRSS");
+}
+
 at::Tensor mse(const gpipe::Batch& output, const gpipe::Batch& target) {
   return torch::mse_loss(output.tensor(), target.tensor());
 }
@@ -152,7 +163,7 @@ int run_rank(const Config& c, const std::string& out) {
                                          gpipe::distributed::PipelineStageOptions(c.model.chunks)
                                              .schedule(gs::parse_schedule_kind(c.schedule))
                                              .stages_per_worker(per_rank));
-  const int64_t rss_before = status_kib("VmRSS");
+  const int64_t rss_before = settled_rss_kib();
   std::vector<double> steps, communication;
   double loss = 0;
   for (int64_t step = 0; step < c.warmup + c.steps; ++step) {
@@ -552,7 +563,8 @@ int main(int argc, char** argv) {
   table.print();
   std::printf(
       "\nspeedup: torch ms / gpipe ms (above 1: gpipe faster). MiB/rank: each rank's peak resident "
-      "set above its resident set before the first step. gpipe wait: mean over ranks of the time "
+      "set above its resident set before the first step (freed memory given back). gpipe wait: "
+      "mean over ranks of the time "
       "a step spends in sends and receives (includes waiting for other ranks: the bubble). loss "
       "diff: |gpipe - torch| / |torch|; grad diff: the largest over the parameters of "
       "max |gpipe - torch| / max |torch|.\n");

@@ -20,6 +20,7 @@ rank's layers after the last step, keyed "<layer>.weight" / "<layer>.bias").
 """
 
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -85,6 +86,15 @@ def status_kib(field):
     return 0
 
 
+def settled_rss_kib():
+    """The resident set the step starts from: freed heap memory given back, so that the step
+    cannot reuse it unseen, and the peak (VmHWM) reset to it; as main.cpp's settled_rss_kib()."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status_kib("VmRSS")
+
+
 def main():
     parser = argparse.ArgumentParser()
     for name in ("width", "layers", "batch", "chunks", "steps", "warmup"):
@@ -138,7 +148,7 @@ def main():
     # Only the first stage's rank may pass the input, only the last stage's the target.
     args = (x,) if first else ()
 
-    rss_before = status_kib("VmRSS")
+    rss_before = settled_rss_kib()
     times, loss = [], None
     for step in range(a.warmup + a.steps):
         for m in modules:
