@@ -143,7 +143,7 @@ TEST(TrainConfigTest, Errors) {
   GPIPE_EXPECT_THROW_WITH(
       parse_train_config({"--schedule", "2f2b"}), UsageError,
       "--schedule: must be one of gpipe, 1f1b, interleaved_1f1b, zb1p, zbv, interleaved_zb1p, "
-      "looped_bfs, but got '2f2b'");
+      "looped_bfs, dualpipev, but got '2f2b'");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--schedule", "zb1p", "--checkpoint", "always"}),
                           UsageError,
                           "--schedule zb1p splits each backward into input and weight gradients, "
@@ -161,10 +161,16 @@ TEST(TrainConfigTest, Errors) {
       parse_train_config({"--virtual-stages", "2"}), UsageError,
       "--schedule 1f1b runs one stage per worker, but --virtual-stages is 2 "
       "(more than 1 only with interleaved_1f1b, interleaved_zb1p and looped_bfs; 2 with "
-      "zbv)");
+      "zbv and dualpipev)");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--schedule", "zbv", "--stages", "4"}), UsageError,
                           "--schedule zbv runs two stages per worker in a V, but --virtual-stages "
                           "is 1 (set it to 2)");
+  GPIPE_EXPECT_THROW_WITH(
+      parse_train_config({"--schedule", "dualpipev", "--stages", "4", "--virtual-stages", "2",
+                          "--chunks", "8", "--batch-size", "3"}),
+      UsageError,
+      "--schedule dualpipev needs at least 4 micro-batches for --stages 4, but "
+      "--chunks is 8 and --batch-size 3");
   GPIPE_EXPECT_THROW_WITH(
       parse_train_config({"--checkpoint", "sometimes"}), UsageError,
       "--checkpoint: must be one of never, always, except_last, but got 'sometimes'");
@@ -513,7 +519,10 @@ TEST(TrainTest, SimulatePredictsEverySchedule) {
     EXPECT_GT(f.peak_worker_bytes, 0) << f.schedule;
     EXPECT_TRUE(f.fits) << f.schedule;
     const auto kind = schedule::parse_schedule_kind(f.schedule);
-    EXPECT_EQ(f.stages, schedule::loops_stages(kind) || f.schedule == "zbv" ? 4 : 2);
+    EXPECT_EQ(f.stages, schedule::loops_stages(kind) ||
+                                schedule::placement_of(kind) == schedule::Placement::kV
+                            ? 4
+                            : 2);
     EXPECT_THAT(out.str(), ::testing::HasSubstr("\n" + f.schedule + " ")) << out.str();
   }
   std::vector<std::string> expected = schedule::schedule_names();

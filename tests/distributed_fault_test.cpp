@@ -186,12 +186,13 @@ TEST(DistributedFaultTest, MissingRanksAreListedWithinRendezvousTimeout) {
 }
 
 TEST(DistributedFaultTest, ShapeMismatchIsClearOnBothSides) {
-  // Stage 0's second micro-batch comes out one column wider than its first.
+  // Stage 0's second micro-batch (4 of distributed_batch's 16 rows) comes out one column wider
+  // than its first.
   const auto launch =
       testing::launch_workers(2, "--schedule 1f1b --fail-rank 0 --fail-mode mismatch");
   EXPECT_NE(launch.exit_code, 0) << launch.output;
   const std::string expected =
-      "stage 0 sends to stage 1 for micro-batch 1 an activation (Double[3, 5]), but the edge "
+      "stage 0 sends to stage 1 for micro-batch 1 an activation (Double[4, 5]), but the edge "
       "agreed on (Double[*, 4]) with its first message";
   EXPECT_THAT(error_of(launch, 0), HasSubstr(expected)) << launch.output;
   EXPECT_THAT(error_of(launch, 1), HasSubstr("rank 0 failed: " + expected)) << launch.output;

@@ -133,8 +133,9 @@ inline torch::nn::Sequential distributed_model(std::vector<int64_t>& balance,
 // The batch of the tests: 10 samples, so 4 micro-batches are uneven (3, 3, 3, 1).
 inline std::pair<torch::Tensor, torch::Tensor> distributed_batch() {
   torch::manual_seed(1234);
-  torch::Tensor input = torch::randn({10, 5}, torch::kDouble);
-  torch::Tensor target = torch::randn({10, 3}, torch::kDouble);
+  // 16 rows: up to 8 micro-batches of 2, which DualPipeV on 4 ranks (8 stages) needs.
+  torch::Tensor input = torch::randn({16, 5}, torch::kDouble);
+  torch::Tensor target = torch::randn({16, 3}, torch::kDouble);
   return {input, target};
 }
 

@@ -100,6 +100,15 @@ TEST(DistributedPipelineTest, ZbvEveryMicroBatchCount) {
   }
 }
 
+// DualPipeV on 2 and 4 ranks for every micro-batch count it allows up to 8 (from one per stage).
+TEST(DistributedPipelineTest, DualPipeVEveryMicroBatchCount) {
+  for (const int ranks : {2, 4}) {
+    for (int64_t chunks = 2 * ranks; chunks <= 8; ++chunks) {
+      expect_equivalent(ranks, "dualpipev", 2, 1, "never", chunks);
+    }
+  }
+}
+
 // Schedules from files on ranks: ZBV as gpipe writes it, and 1F1B as torch.distributed.pipelining
 // writes its CSV, sends and receives included.
 TEST(DistributedPipelineTest, ScheduleFromAFile) {
@@ -131,6 +140,8 @@ TEST(DistributedPipelineTest, SkipsAcrossStagesEverySchedule) {
   }
   expect_equivalent(2, "1f1b", 1, 1, "always", 4, "", /*skips=*/true);
   expect_equivalent(4, "zbv", 2, /*replicas=*/2, "never", 4, "", /*skips=*/true);
+  expect_equivalent(2, "dualpipev", 2, 1, "never", 4, "", /*skips=*/true);
+  expect_equivalent(4, "dualpipev", 2, 1, "never", 8, "", /*skips=*/true);
 }
 
 TEST(DistributedPipelineTest, Checkpointing) {

@@ -90,16 +90,17 @@ TEST(SchedulePredictTest, PeakLiveMicroBatchesAreTheRealOnes) {
   torch::manual_seed(0);
   torch::nn::Sequential model;
   for (int k = 0; k < 8; ++k) model->push_back(torch::nn::Linear(3, 3));
-  const at::Tensor input = torch::randn({12, 3});
-  const at::Tensor target = torch::randn({12, 3});
+  const at::Tensor input = torch::randn({24, 3});  // M micro-batches of 24 / M rows
+  const at::Tensor target = torch::randn({24, 3});
   const LossFunction mse = [](const Batch& output, const Batch& target) {
     return torch::mse_loss(output.tensor(), target.tensor());
   };
   for (const auto& name : schedule_names()) {
     const ScheduleKind kind = parse_schedule_kind(name);
-    const int64_t per_worker = loops_stages(kind) || kind == ScheduleKind::kZeroBubbleV ? 2 : 1;
+    const int64_t per_worker = loops_stages(kind) || placement_of(kind) == Placement::kV ? 2 : 1;
     for (int64_t workers = 1; workers <= 4; ++workers) {
-      for (const int64_t M : {1, 3, 6}) {
+      for (const int64_t M : {1, 3, 6, 8}) {
+        if (M < min_microbatches(kind, workers * per_worker)) continue;
         SCOPED_TRACE(c10::str(name, ", ", workers, " workers, ", M, " micro-batches"));
         const int64_t S = workers * per_worker;
         PipelineSchedule pipe(

@@ -40,6 +40,16 @@ TEST(ScheduleRenderTest, ZbvNamesStages) {
             "worker 1 | .    F0:1 F0:2 F1:1 F1:2 B0:2 B0:1 B1:2 B1:1 W0:2 W0:1 W1:2 W1:1\n");
 }
 
+TEST(ScheduleRenderTest, DualPipeVPairsForwardsWithBackwards) {
+  // The steady state pairs F0:0 with B of stage 3 and F of stage 3 with B of stage 0 on worker 0;
+  // B is a whole backward or, where a W of the cell follows, its input half.
+  EXPECT_EQ(render(dualpipev_schedule(2, 4)),
+            "worker 0 | F0:0 F1:0 F2:0 F0:3 B0:3 W0:3 F1:3 F3:0 B1:3 F2:3 B0:0 B2:3 F3:3 B1:0 B3:3 "
+            "B2:0 W2:0 B3:0 W3:0\n"
+            "worker 1 | .    F0:1 F0:2 F1:1 F1:2 F2:1 B0:2 F2:2 B0:1 F3:1 B1:2 F3:2 B1:1 B2:2 B2:1 "
+            "B3:2 B3:1 W3:2 W3:1\n");
+}
+
 TEST(ScheduleRenderTest, RejectsInvalidSchedule) {
   Schedule schedule = gpipe_schedule(2, 1);
   schedule.actions[1].erase(schedule.actions[1].begin());

@@ -54,8 +54,9 @@ bool close(const at::Tensor& actual, const at::Tensor& expected) {
 void expect_equivalent(int64_t stages, const PipelineScheduleOptions& options,
                        const std::string& what) {
   torch::manual_seed(1234);
-  const at::Tensor input = torch::randn({10, 5}, torch::kDouble);
-  const at::Tensor target = torch::randn({10, 3}, torch::kDouble);
+  // 16 rows: up to 8 micro-batches of 2, which DualPipeV on 8 stages needs.
+  const at::Tensor input = torch::randn({16, 5}, torch::kDouble);
+  const at::Tensor target = torch::randn({16, 3}, torch::kDouble);
 
   auto plain = make_model(0);
   const at::Tensor expected_loss = torch::mse_loss(plain->forward(input), target);
@@ -129,6 +130,15 @@ TEST(ScheduleRuntimeTest, ZbvEqualsPlainModel) {
   }
 }
 
+TEST(ScheduleRuntimeTest, DualPipeVEqualsPlainModel) {
+  // 1..4 workers with 2 stages each in a V; DualPipeV runs from 2W micro-batches.
+  for (int64_t workers = 1; workers <= 4; ++workers) {
+    for (int64_t chunks = 2 * workers; chunks <= 8; ++chunks) {
+      expect_equivalent(ScheduleKind::kDualPipeV, 2 * workers, chunks, 2);
+    }
+  }
+}
+
 // Schedules of one's own, as text (schedule_file.h): hand-written 1F1B with one worker running
 // stages 0 and 1 in a V with 2 and 3, and PyTorch's lowered notation.
 TEST(ScheduleRuntimeTest, CustomScheduleEqualsPlainModel) {
@@ -145,6 +155,18 @@ TEST(ScheduleRuntimeTest, CustomScheduleEqualsPlainModel) {
                       PipelineScheduleOptions(custom.num_microbatches).custom_schedule(custom),
                       text);
   }
+}
+
+// DualPipeV on 8 stages needs 8 micro-batches; 10 rows in 8 chunks make 5 (chunks of 2).
+TEST(ScheduleRuntimeTest, DualPipeVNamesTooFewMicroBatches) {
+  const at::Tensor input = torch::randn({10, 5}, torch::kDouble);
+  const at::Tensor target = torch::randn({10, 3}, torch::kDouble);
+  PipelineSchedule pipe(
+      make_model(0), even_balance(8), mse,
+      PipelineScheduleOptions(8).schedule(ScheduleKind::kDualPipeV).stages_per_worker(2));
+  GPIPE_EXPECT_THROW_WITH(pipe.step(input, target), c10::ValueError,
+                          "schedule dualpipev needs at least 8 micro-batches on 8 stages, but this "
+                          "step has 5 (chunks, or fewer where the batch is smaller)");
 }
 
 TEST(ScheduleRuntimeTest, CustomScheduleMustFitThePipeline) {

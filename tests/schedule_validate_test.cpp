@@ -137,14 +137,14 @@ TEST(ScheduleValidateTest, ZbvRunsAVAndHoldsWhat1F1BHolds) {
   }
 }
 
-// Hand-broken ZBV schedules are refused naming the action: a forward of the V's turn before its
-// input comes round, and a stage of the other worker.
 TEST(ScheduleValidateTest, WithCommunicationTakesComputeActionsOnly) {
   GPIPE_EXPECT_THROW_WITH(with_communication(one_f_one_b_schedule(2, 1)), c10::ValueError,
                           "with_communication takes compute actions only, but worker 0 has "
                           "SendActivation(microbatch=0, stage=0)");
 }
 
+// Hand-broken ZBV schedules are refused naming the action: a forward of the V's turn before its
+// input comes round, and a stage of the other worker.
 TEST(ScheduleValidateTest, RejectsBrokenVSchedules) {
   Schedule early = zbv_schedule(2, 2);
   auto& turn = early.actions[1];  // worker 1 runs stages 1 and 2: the turn
@@ -159,6 +159,66 @@ TEST(ScheduleValidateTest, RejectsBrokenVSchedules) {
   GPIPE_EXPECT_THROW_WITH(validate(misplaced), c10::ValueError,
                           "worker 0, action 0, Forward(microbatch=0, stage=1): stage 1 runs on "
                           "worker 1, not on worker 0");
+}
+
+// DualPipeV: ZBV's stages; every stage runs each micro-batch's forward once and its backward
+// once, whole or as an input half with the weight half later; from 2W micro-batches on.
+TEST(ScheduleValidateTest, DualPipeVRunsAVWithEveryActionOnce) {
+  for (int64_t W = 1; W <= 4; ++W) {
+    for (int64_t m = 2 * W; m <= 16; ++m) {
+      SCOPED_TRACE(::testing::Message() << W << " workers, " << m << " micro-batches");
+      const Schedule schedule = dualpipev_schedule(W, m);
+      EXPECT_EQ(schedule.placement, Placement::kV);
+      EXPECT_EQ(schedule.num_stages, 2 * W);
+      EXPECT_TRUE(splits_backward(schedule));
+      for (const int64_t capacity : {int64_t{0}, m}) {
+        EXPECT_NO_THROW(validate(schedule, ValidateOptions().queue_capacity(capacity)));
+      }
+      for (int64_t w = 0; w < W; ++w) {
+        std::map<std::pair<int64_t, K>, int64_t> counts;  // per (stage, kind)
+        for (const Action& a : schedule.actions[w]) {
+          EXPECT_TRUE(a.stage == w || a.stage == 2 * W - 1 - w) << "worker " << w << ": " << a;
+          ++counts[{a.stage, a.kind}];
+        }
+        for (const int64_t s : {w, 2 * W - 1 - w}) {
+          EXPECT_EQ((counts[{s, K::kForward}]), m) << "stage " << s;
+          EXPECT_EQ((counts[{s, K::kBackward}] + counts[{s, K::kBackwardInput}]), m)
+              << "stage " << s;
+          EXPECT_EQ((counts[{s, K::kBackwardWeight}]), (counts[{s, K::kBackwardInput}]))
+              << "stage " << s;
+        }
+      }
+    }
+  }
+  GPIPE_EXPECT_THROW_WITH(dualpipev_schedule(2, 3), c10::ValueError,
+                          "schedule dualpipev needs at least as many micro-batches as stages (4 "
+                          "for 2 workers), but got 3");
+  EXPECT_EQ(min_microbatches(ScheduleKind::kDualPipeV, 6), 6);
+  EXPECT_EQ(min_microbatches(ScheduleKind::kZeroBubbleV, 6), 1);
+}
+
+// Hand-broken DualPipeV schedules are refused naming the action: a weight gradient left out, and
+// the loss stage's first input gradient moved before its forward.
+TEST(ScheduleValidateTest, RejectsBrokenDualPipeVSchedules) {
+  Schedule missing = dualpipev_schedule(2, 4);
+  auto& list = missing.actions[1];
+  const auto weight = std::find_if(list.begin(), list.end(),
+                                   [](const Action& a) { return a.kind == K::kBackwardWeight; });
+  ASSERT_NE(weight, list.end());
+  const Action dropped = *weight;
+  list.erase(weight);
+  GPIPE_EXPECT_THROW_WITH(
+      validate(missing), c10::ValueError,
+      "invalid schedule: it never runs " + to_string(dropped) + " (a stage of worker 1)");
+
+  Schedule early = dualpipev_schedule(2, 4);
+  auto& first = early.actions[0];  // worker 0 runs stage 0 and the loss stage 3
+  const auto backward = std::find(first.begin(), first.end(), Action{K::kBackwardInput, 0, 3});
+  ASSERT_NE(backward, first.end());
+  std::rotate(first.begin(), backward, backward + 1);
+  GPIPE_EXPECT_THROW_WITH(validate(early), c10::ValueError,
+                          "worker 0, action 0, BackwardInput(microbatch=0, stage=3): runs before "
+                          "the forward of micro-batch 0 on stage 3");
 }
 
 // With unit costs ZBV has no bubble once there are as many micro-batches as workers: each worker
@@ -229,19 +289,23 @@ TEST(ScheduleValidateTest, MakeScheduleChecksStages) {
   GPIPE_EXPECT_THROW_WITH(make_schedule(ScheduleKind::kZeroBubbleV, 2, 2, 4), c10::ValueError,
                           "schedule zbv runs two stages per worker in a V, but got 2 stages for 2");
   EXPECT_EQ(make_schedule(ScheduleKind::kZeroBubbleV, 3, 6, 4).placement, Placement::kV);
+  EXPECT_EQ(parse_schedule_kind("dualpipev"), ScheduleKind::kDualPipeV);
+  GPIPE_EXPECT_THROW_WITH(make_schedule(ScheduleKind::kDualPipeV, 2, 3, 4), c10::ValueError,
+                          "schedule dualpipev runs two stages per worker in a V, but got 3 stages");
+  EXPECT_EQ(make_schedule(ScheduleKind::kDualPipeV, 3, 6, 6).placement, Placement::kV);
   GPIPE_EXPECT_THROW_WITH(
       parse_schedule_kind("zb"), c10::ValueError,
       "unknown schedule kind 'zb' (expected gpipe, 1f1b, interleaved_1f1b, zb1p, zbv, "
-      "interleaved_zb1p, looped_bfs)");
+      "interleaved_zb1p, looped_bfs, dualpipev)");
   for (const auto& name : schedule_names()) EXPECT_EQ(c10::str(parse_schedule_kind(name)), name);
-  EXPECT_EQ(schedule_names().size(), 7u);
+  EXPECT_EQ(schedule_names().size(), 8u);
 }
 
 // The one rule of every engine and the command, worded with the caller's names for the options.
 TEST(ScheduleValidateTest, ScheduleOptionRules) {
   for (const auto& name : schedule_names()) {
     const ScheduleKind kind = parse_schedule_kind(name);
-    const int64_t stages_per_worker = kind == ScheduleKind::kZeroBubbleV ? 2 : 1;
+    const int64_t stages_per_worker = placement_of(kind) == Placement::kV ? 2 : 1;
     EXPECT_NO_THROW(check_schedule_options(kind, stages_per_worker, CheckpointMode::kNever))
         << name;
     GPIPE_EXPECT_THROW_WITH(check_schedule_options(kind, 0, CheckpointMode::kNever),
@@ -252,7 +316,7 @@ TEST(ScheduleValidateTest, ScheduleOptionRules) {
   GPIPE_EXPECT_THROW_WITH(
       check_schedule_options(ScheduleKind::kGPipe, 2, CheckpointMode::kNever), c10::ValueError,
       "schedule gpipe runs one stage per worker, but stages_per_worker is 2 (more than 1 only "
-      "with interleaved_1f1b, interleaved_zb1p and looped_bfs; 2 with zbv)");
+      "with interleaved_1f1b, interleaved_zb1p and looped_bfs; 2 with zbv and dualpipev)");
   GPIPE_EXPECT_THROW_WITH(
       check_schedule_options(ScheduleKind::kZeroBubbleV, 1, CheckpointMode::kNever),
       c10::ValueError,
@@ -260,6 +324,9 @@ TEST(ScheduleValidateTest, ScheduleOptionRules) {
   GPIPE_EXPECT_THROW_WITH(
       check_schedule_options(ScheduleKind::kZeroBubbleV, 2, CheckpointMode::kAlways),
       c10::ValueError, "schedule zbv splits each backward into input and weight gradients");
+  GPIPE_EXPECT_THROW_WITH(
+      check_schedule_options(ScheduleKind::kDualPipeV, 2, CheckpointMode::kAlways), c10::ValueError,
+      "schedule dualpipev splits each backward into input and weight gradients");
   GPIPE_EXPECT_THROW_WITH(
       check_schedule_options(ScheduleKind::kZeroBubble, 1, CheckpointMode::kExceptLast),
       c10::ValueError,

@@ -111,15 +111,16 @@ void expect_skips_equivalent(int64_t stages, const PipelineScheduleOptions& opti
 
 // Every schedule, 2..4 workers (2..8 stages: the skips cross 1 to 6 stages), 1..8 micro-batches.
 TEST(SkipScheduleTest, SkipsAcrossStagesEveryScheduleEqualPlainModel) {
-  for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble,
-                          ScheduleKind::kInterleavedOneFOneB, ScheduleKind::kInterleavedZeroBubble,
-                          ScheduleKind::kLoopedBFS, ScheduleKind::kZeroBubbleV}) {
+  for (const auto kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble,
+        ScheduleKind::kInterleavedOneFOneB, ScheduleKind::kInterleavedZeroBubble,
+        ScheduleKind::kLoopedBFS, ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV}) {
     const int64_t per_worker = kind == ScheduleKind::kGPipe || kind == ScheduleKind::kOneFOneB ||
                                        kind == ScheduleKind::kZeroBubble
                                    ? 1
                                    : 2;
     for (int64_t workers = 2 / per_worker; workers <= 4; ++workers) {
-      for (int64_t chunks = 1; chunks <= 8; ++chunks) {
+      for (int64_t chunks = min_microbatches(kind, workers * per_worker); chunks <= 8; ++chunks) {
         expect_skips_equivalent(
             workers * per_worker,
             PipelineScheduleOptions(chunks).schedule(kind).stages_per_worker(per_worker),
@@ -149,7 +150,8 @@ const std::vector<std::pair<ScheduleKind, int64_t>> kSchedules{
     {ScheduleKind::kInterleavedOneFOneB, 2},
     {ScheduleKind::kInterleavedZeroBubble, 2},
     {ScheduleKind::kLoopedBFS, 2},
-    {ScheduleKind::kZeroBubbleV, 2}};
+    {ScheduleKind::kZeroBubbleV, 2},
+    {ScheduleKind::kDualPipeV, 2}};
 
 // `make()`'s model pipelined on `balance` under every schedule that runs that many stages gives
 // the plain model's loss and gradients on (input, target).
@@ -244,7 +246,7 @@ class CountingTransport : public Transport {
 // and its gradient straight back; the pipeline lane carries only the stages' own outputs, as
 // wide as without skips (6, 4, 5), so nothing travels through the stages between.
 TEST(SkipScheduleTest, SkipsTravelStraightToThePoppingStage) {
-  const auto [input, target] = testing::distributed_batch();  // 10 rows, double
+  const auto [input, target] = testing::distributed_batch();  // double
   std::vector<int64_t> balance = testing::distributed_balance(4);
   auto model = testing::distributed_model(balance, -1, "", false, /*skips=*/true);
   std::vector<Sequential> parts(4);
@@ -276,13 +278,13 @@ TEST(SkipScheduleTest, SkipsTravelStraightToThePoppingStage) {
     for (auto& worker : workers) worker.join();
     for (const auto& stage : stages) stage->begin_step(4);
   }
-  const int64_t row = 8 * 2;  // bytes of one double, two steps
+  const int64_t n = input.size(0) * 8 * 2;  // bytes of one double per row, two steps
   const std::map<std::tuple<int64_t, int64_t, Lane>, int64_t> expected{
-      {{0, 1, Lane::kPipeline}, 10 * 6 * row}, {{1, 2, Lane::kPipeline}, 10 * 4 * row},
-      {{2, 3, Lane::kPipeline}, 10 * 5 * row}, {{1, 0, Lane::kPipeline}, 10 * 6 * row},
-      {{2, 1, Lane::kPipeline}, 10 * 4 * row}, {{3, 2, Lane::kPipeline}, 10 * 5 * row},
-      {{0, 3, Lane::kSkip}, 10 * 7 * row},     {{3, 0, Lane::kSkip}, 10 * 7 * row},
-      {{0, 2, Lane::kSkip}, 10 * 6 * row},     {{2, 0, Lane::kSkip}, 10 * 6 * row}};
+      {{0, 1, Lane::kPipeline}, 6 * n}, {{1, 2, Lane::kPipeline}, 4 * n},
+      {{2, 3, Lane::kPipeline}, 5 * n}, {{1, 0, Lane::kPipeline}, 6 * n},
+      {{2, 1, Lane::kPipeline}, 4 * n}, {{3, 2, Lane::kPipeline}, 5 * n},
+      {{0, 3, Lane::kSkip}, 7 * n},     {{3, 0, Lane::kSkip}, 7 * n},
+      {{0, 2, Lane::kSkip}, 6 * n},     {{2, 0, Lane::kSkip}, 6 * n}};
   EXPECT_EQ(transport.bytes(), expected);
 }
 

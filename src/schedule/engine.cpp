@@ -69,6 +69,11 @@ const schedule::Schedule& ScheduleCache::get(int64_t num_microbatches) {
                     "the custom schedule has ", custom_ ? custom_->num_microbatches : 0,
                     " micro-batches, but this step has ", num_microbatches,
                     " (chunks, or fewer where the batch is smaller)");
+  const int64_t least = schedule::min_microbatches(kind_, num_stages_);
+  TORCH_CHECK_VALUE(custom_ || least == 1 || num_microbatches >= least, "schedule ", kind_,
+                    " needs at least ", least, " micro-batches on ", num_stages_,
+                    " stages, but this step has ", num_microbatches,
+                    " (chunks, or fewer where the batch is smaller)");
   schedule::Schedule s =
       custom_ ? *custom_
               : schedule::make_schedule(kind_, num_workers_, num_stages_, num_microbatches);

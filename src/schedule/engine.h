@@ -64,9 +64,11 @@ class ScheduleCache {
   /// unless it is the custom schedule's.
   const schedule::Schedule& get(int64_t num_microbatches);
 
-  /// Makes the schedule of one micro-batch (or the custom one): fails early, before any step,
-  /// for stages the schedule cannot run.
-  void prepare() { get(custom_ ? custom_->num_microbatches : 1); }
+  /// Makes the schedule of the fewest micro-batches it runs (or the custom one): fails early,
+  /// before any step, for stages the schedule cannot run.
+  void prepare() {
+    get(custom_ ? custom_->num_microbatches : schedule::min_microbatches(kind_, num_stages_));
+  }
 
  private:
   std::optional<schedule::Schedule> custom_;

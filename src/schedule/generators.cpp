@@ -7,7 +7,9 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <deque>
 #include <functional>
+#include <map>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -32,6 +34,15 @@ void check_size(int64_t num_stages, int64_t num_microbatches) {
                     num_microbatches, " micro-batches has ", detail::to_string(cells),
                     " (stage, micro-batch) cells, more than the ", kMaxCells,
                     " a schedule can hold");
+}
+
+// A V's 2W stages.
+void check_v_size(int64_t num_workers, int64_t num_microbatches) {
+  check_positive(num_workers, "num_workers");
+  TORCH_CHECK_VALUE(num_workers <= kMaxCells / 2, num_workers,
+                    " workers with 2 stages each make more than the ", kMaxCells,
+                    " stages a schedule can hold");
+  check_size(2 * num_workers, num_microbatches);
 }
 
 }  // namespace
@@ -173,6 +184,8 @@ std::ostream& operator<<(std::ostream& out, ScheduleKind kind) {
       return out << "interleaved_zb1p";
     case ScheduleKind::kLoopedBFS:
       return out << "looped_bfs";
+    case ScheduleKind::kDualPipeV:
+      return out << "dualpipev";
   }
   return out << "ScheduleKind(" << static_cast<int>(kind) << ")";
 }
@@ -185,6 +198,7 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "zbv") return ScheduleKind::kZeroBubbleV;
   if (name == "interleaved_zb1p") return ScheduleKind::kInterleavedZeroBubble;
   if (name == "looped_bfs") return ScheduleKind::kLoopedBFS;
+  if (name == "dualpipev") return ScheduleKind::kDualPipeV;
   TORCH_CHECK_VALUE(false, "unknown schedule kind '", name, "' (expected ",
                     c10::Join(", ", schedule_names()), ")");
 }
@@ -194,24 +208,31 @@ std::vector<std::string> schedule_names() {
   for (const auto kind :
        {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleavedOneFOneB,
         ScheduleKind::kZeroBubble, ScheduleKind::kZeroBubbleV, ScheduleKind::kInterleavedZeroBubble,
-        ScheduleKind::kLoopedBFS}) {
+        ScheduleKind::kLoopedBFS, ScheduleKind::kDualPipeV}) {
     names.push_back(c10::str(kind));
   }
   return names;
 }
 
 Placement placement_of(ScheduleKind kind) {
-  return kind == ScheduleKind::kZeroBubbleV ? Placement::kV : Placement::kLooped;
+  return kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV
+             ? Placement::kV
+             : Placement::kLooped;
 }
 
 bool splits_backward(ScheduleKind kind) {
   return kind == ScheduleKind::kZeroBubble || kind == ScheduleKind::kZeroBubbleV ||
-         kind == ScheduleKind::kInterleavedZeroBubble;
+         kind == ScheduleKind::kInterleavedZeroBubble || kind == ScheduleKind::kDualPipeV;
 }
 
 bool loops_stages(ScheduleKind kind) {
   return kind == ScheduleKind::kInterleavedOneFOneB ||
          kind == ScheduleKind::kInterleavedZeroBubble || kind == ScheduleKind::kLoopedBFS;
+}
+
+int64_t min_microbatches(ScheduleKind kind, int64_t num_stages) {
+  // DualPipeV's steady state starts only once every stage has a micro-batch.
+  return kind == ScheduleKind::kDualPipeV ? num_stages : 1;
 }
 
 bool splits_backward(const Schedule& schedule) {
@@ -228,7 +249,7 @@ void check_schedule_options(ScheduleKind kind, int64_t stages_per_worker, Checkp
                             const ScheduleOptionNames& names) {
   TORCH_CHECK_VALUE(stages_per_worker > 0, names.stages_per_worker, " must be positive, but got ",
                     stages_per_worker);
-  if (kind == ScheduleKind::kZeroBubbleV) {
+  if (placement_of(kind) == Placement::kV) {
     TORCH_CHECK_VALUE(stages_per_worker == 2, names.schedule, " ", kind, " runs two stages per ",
                       names.worker, " in a V, but ", names.stages_per_worker, " is ",
                       stages_per_worker, " (set it to 2)");
@@ -237,7 +258,7 @@ void check_schedule_options(ScheduleKind kind, int64_t stages_per_worker, Checkp
                       " runs one stage per ", names.worker, ", but ", names.stages_per_worker,
                       " is ", stages_per_worker,
                       " (more than 1 only with interleaved_1f1b, interleaved_zb1p and looped_bfs; "
-                      "2 with zbv)");
+                      "2 with zbv and dualpipev)");
   }
   // A checkpoint's recomputation runs inside one autograd node, which has no split point
   // between the input's and the parameters' gradients.
@@ -381,14 +402,99 @@ Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_pe
 }
 
 Schedule zbv_schedule(int64_t num_workers, int64_t num_microbatches) {
-  check_positive(num_workers, "num_workers");
-  TORCH_CHECK_VALUE(num_workers <= kMaxCells / 2, num_workers,
-                    " workers with 2 stages each make more than the ", kMaxCells,
-                    " stages a schedule can hold");
-  check_size(2 * num_workers, num_microbatches);
+  check_v_size(num_workers, num_microbatches);
   // A worker holds at most 2W half-size micro-batches: the memory of 1F1B's first stage.
   return greedy_split_backward(num_workers, 2, num_microbatches, Placement::kV,
                                [num_workers](int64_t) { return 2 * num_workers; });
+}
+
+namespace {
+
+// One worker's compute list as DualPipeV writes it: each stage's forwards and backwards take the
+// next micro-batch in order, and the weight gradients wait in a queue, oldest first.
+class DualPipeVList {
+ public:
+  explicit DualPipeVList(std::vector<Action>& actions) : actions_(actions) {}
+
+  void forward(int64_t stage) {
+    actions_.push_back({ActionKind::kForward, forwards_[stage]++, stage});
+  }
+  // The whole backward, or (split) its input half with the weight half queued.
+  void backward(int64_t stage, bool split = false) {
+    const int64_t i = backwards_[stage]++;
+    if (!split) {
+      actions_.push_back({ActionKind::kBackward, i, stage});
+      return;
+    }
+    actions_.push_back({ActionKind::kBackwardInput, i, stage});
+    weights_.push_back({ActionKind::kBackwardWeight, i, stage});
+  }
+  void weight_if_pending() {
+    if (weights_.empty()) return;
+    actions_.push_back(weights_.front());
+    weights_.pop_front();
+  }
+
+ private:
+  std::vector<Action>& actions_;
+  std::map<int64_t, int64_t> forwards_, backwards_;
+  std::deque<Action> weights_;
+};
+
+}  // namespace
+
+Schedule dualpipev_schedule(int64_t num_workers, int64_t num_microbatches) {
+  check_v_size(num_workers, num_microbatches);
+  const int64_t W = num_workers;
+  const int64_t M = num_microbatches;
+  TORCH_CHECK_VALUE(M >= min_microbatches(ScheduleKind::kDualPipeV, 2 * W),
+                    "schedule dualpipev needs at least as many micro-batches as stages (", 2 * W,
+                    " for ", W, " workers), but got ", M);
+  std::vector<std::vector<Action>> computes(W);
+  for (const auto w : c10::irange(W)) {
+    // DeepSeek's DualPipeV, phase by phase as torch.distributed.pipelining writes it; an
+    // overlapped pair "F a, B b" runs back to back. `down` is the V's stage on the way down,
+    // `up` the one on the way back.
+    const int64_t down = w;
+    const int64_t up = 2 * W - 1 - w;
+    DualPipeVList list(computes[w]);
+    for (int64_t k = 0; k < 2 * (W - w - 1); ++k) list.forward(down);
+    for (int64_t k = 0; k <= w; ++k) {
+      list.forward(down);
+      list.forward(up);
+    }
+    for (int64_t k = 0; k < W - w - 1; ++k) {
+      list.backward(up, /*split=*/true);
+      list.weight_if_pending();
+      list.forward(up);
+    }
+    for (int64_t k = 0; k < M - 2 * W + w + 1;
+         ++k) {  // the steady state: F down + B up, F up + B down
+      list.forward(down);
+      list.backward(up);
+      list.forward(up);
+      list.backward(down);
+    }
+    for (int64_t k = 0; k < W - w - 1; ++k) {
+      list.backward(up);
+      list.forward(up);
+      list.backward(down);
+    }
+    // The cooldown: from the middle on, backwards split to let the weight halves fill the gaps.
+    bool split = false;
+    for (int64_t k = 0; k <= w; ++k) {
+      if (k == (w + 1) / 2 && w % 2 == 1) split = true;
+      list.backward(up, split);
+      if (k == (w + 1) / 2 && w % 2 == 0) split = true;
+      list.backward(down, split);
+    }
+    for (int64_t k = 0; k < W - w - 1; ++k) {
+      list.weight_if_pending();
+      list.backward(down, split);
+    }
+    for (int64_t k = 0; k <= w; ++k) list.weight_if_pending();
+  }
+  return with_communication(Schedule{W, 2 * W, M, Placement::kV, computes});
 }
 
 Schedule interleaved_zb1p_schedule(int64_t num_workers, int64_t stages_per_worker,
@@ -460,6 +566,11 @@ Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stage
                         " runs two stages per worker in a V, but got ", num_stages, " stages for ",
                         num_workers, " workers");
       return zbv_schedule(num_workers, num_microbatches);
+    case ScheduleKind::kDualPipeV:
+      TORCH_CHECK_VALUE(num_stages == 2 * num_workers, "schedule ", kind,
+                        " runs two stages per worker in a V, but got ", num_stages, " stages for ",
+                        num_workers, " workers");
+      return dualpipev_schedule(num_workers, num_microbatches);
   }
   TORCH_CHECK_VALUE(false, "unknown schedule kind ", static_cast<int>(kind));
 }

@@ -1,5 +1,5 @@
-// Schedule generators: GPipe (fill-drain), 1F1B, interleaved 1F1B and the zero-bubble ZB1P and
-// ZBV as lists of actions.
+// Schedule generators: GPipe (fill-drain), 1F1B, interleaved 1F1B, looped BFS, the zero-bubble
+// ZB1P, interleaved ZB1P and ZBV, and DualPipeV, as lists of actions.
 //
 // Every generator places the receive of a tensor right before the compute that uses it and the
 // send right after the compute that produces it, so a worker blocks only when its input has not
@@ -32,6 +32,12 @@
 //     memory of 1F1B's first stage - else its oldest pending weight gradient; the bound lifts
 //     only in a tick where nothing else could run. With unit costs its bubble vanishes as M grows
 //     past 2W (docs/schedules.md).
+//   DualPipeV (DeepSeek's DualPipe folded into a V, as torch.distributed.pipelining has it): ZBV's
+//     stages; after a warm-up of forwards, each worker pairs the forward of one of its stages with
+//     the backward of the other (F down + B up, F up + B down), the pairs DualPipe overlaps with
+//     each other's communication; here a pair runs back to back. Backwards are whole until the
+//     cooldown, whose second half splits them and fills the gaps with weight gradients. Needs
+//     M >= 2W.
 //
 // Thread safety: pure functions.
 #pragma once
@@ -56,19 +62,20 @@ enum class ScheduleKind {
   kZeroBubbleV,            ///< ZBV: two stages per worker in a V, backward split as in ZB1P
   kInterleavedZeroBubble,  ///< interleaved ZB1P: interleaved 1F1B's stages, backward split
   kLoopedBFS,              ///< looped BFS: interleaved stages, each stage's forwards all at once
+  kDualPipeV,              ///< DualPipeV: ZBV's V, forwards paired with backwards (DeepSeek)
 };
 
 std::ostream& operator<<(std::ostream& out, ScheduleKind kind);
 
-/// Parses "gpipe", "1f1b", "interleaved_1f1b", "zb1p", "zbv", "interleaved_zb1p" or
-/// "looped_bfs". Throws c10::ValueError for anything
-/// else.
+/// Parses "gpipe", "1f1b", "interleaved_1f1b", "zb1p", "zbv", "interleaved_zb1p", "looped_bfs"
+/// or "dualpipev". Throws c10::ValueError for anything else.
 ScheduleKind parse_schedule_kind(const std::string& name);
 
 /// Every name parse_schedule_kind accepts, in the order of ScheduleKind.
 std::vector<std::string> schedule_names();
 
-/// Where the schedules of `kind` place their stages: kV for kZeroBubbleV, else kLooped.
+/// Where the schedules of `kind` place their stages: kV for kZeroBubbleV and kDualPipeV, else
+/// kLooped.
 Placement placement_of(ScheduleKind kind);
 
 /// True for the schedules that split each backward into kBackwardInput and kBackwardWeight.
@@ -78,6 +85,10 @@ bool splits_backward(ScheduleKind kind);
 /// looped BFS.
 bool loops_stages(ScheduleKind kind);
 bool splits_backward(const Schedule& schedule);
+
+/// The fewest micro-batches the schedules of `kind` run over `num_stages` stages: num_stages for
+/// kDualPipeV, 1 for the others.
+int64_t min_microbatches(ScheduleKind kind, int64_t num_stages);
 
 /// The names a caller knows the options of check_schedule_options by, for its messages (e.g. a
 /// command's flags).
@@ -89,10 +100,9 @@ struct ScheduleOptionNames {
 };
 
 /// The rules every engine and the command apply to a schedule's options: stages_per_worker is
-/// positive, 2 for kZeroBubbleV, and more than 1 only for it and the loops_stages() kinds;
-/// checkpointing is not for the schedules that split backwards, which leave no place for a
-/// recomputation. Throws c10::ValueError naming the
-/// options by `names`.
+/// positive, 2 for the V schedules (kZeroBubbleV, kDualPipeV), and more than 1 only for them and
+/// the loops_stages() kinds; checkpointing is not for the schedules that split backwards, which
+/// leave no place for a recomputation. Throws c10::ValueError naming the options by `names`.
 void check_schedule_options(ScheduleKind kind, int64_t stages_per_worker, CheckpointMode checkpoint,
                             const ScheduleOptionNames& names = {});
 
@@ -122,6 +132,10 @@ Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_pe
 /// c10::ValueError unless both are positive.
 Schedule zbv_schedule(int64_t num_workers, int64_t num_microbatches);
 
+/// DualPipeV: `num_workers` workers with two stages each in a V (Placement::kV). Throws
+/// c10::ValueError unless both are positive and num_microbatches >= 2 * num_workers.
+Schedule dualpipev_schedule(int64_t num_workers, int64_t num_microbatches);
+
 /// Interleaved ZB1P: interleaved 1F1B's looped stages with backwards split as in ZB1P, made as
 /// ZBV is, with interleaved 1F1B's warm-up bound plus W micro-batches waiting for their weight
 /// gradients. Throws c10::ValueError unless all three are positive.
@@ -136,7 +150,7 @@ Schedule looped_bfs_schedule(int64_t num_workers, int64_t stages_per_worker,
 
 /// The schedule of `kind` for `num_stages` stages on `num_workers` workers. GPipe, 1F1B and ZB1P
 /// need num_stages == num_workers; interleaved 1F1B and ZB1P and looped BFS need num_stages to
-/// be a multiple of num_workers; ZBV needs num_stages == 2 * num_workers. Throws
+/// be a multiple of num_workers; ZBV and DualPipeV need num_stages == 2 * num_workers. Throws
 /// c10::ValueError otherwise.
 Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stages,
                        int64_t num_microbatches);
