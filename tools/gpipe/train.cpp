@@ -311,8 +311,15 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
     names.stages_per_worker = "--virtual-stages";
     names.checkpoint = "--checkpoint";
     if (!c.custom_schedule) {
-      schedule::check_schedule_options(schedule::parse_schedule_kind(c.schedule), c.virtual_stages,
-                                       c.checkpoint, names);
+      const schedule::ScheduleKind kind = schedule::parse_schedule_kind(c.schedule);
+      schedule::check_schedule_options(kind, c.virtual_stages, c.checkpoint, names);
+      const int64_t least = schedule::min_microbatches(kind, c.stages);
+      if (std::min(c.chunks, c.batch_size) < least) {
+        throw UsageError("--schedule " + c.schedule + " needs at least " + std::to_string(least) +
+                         " micro-batches for --stages " + std::to_string(c.stages) +
+                         ", but --chunks is " + std::to_string(c.chunks) + " and --batch-size " +
+                         std::to_string(c.batch_size));
+      }
     }
   } catch (const c10::ValueError& error) {
     throw UsageError(error.what_without_backtrace());

@@ -108,7 +108,12 @@ SimulateReport simulate_schedules(const TrainConfig& c, std::ostream& out) {
     const Profile twice = profile(model, 2 * W, ScheduleKind::kZeroBubbleV, 2, c, input, target);
     for (const auto kind :
          {ScheduleKind::kInterleavedOneFOneB, ScheduleKind::kInterleavedZeroBubble,
-          ScheduleKind::kLoopedBFS, ScheduleKind::kZeroBubbleV}) {
+          ScheduleKind::kLoopedBFS, ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV}) {
+      if (M < schedule::min_microbatches(kind, 2 * W)) {
+        report.left_out.push_back(c10::str(
+            kind, " (needs at least ", schedule::min_microbatches(kind, 2 * W), " micro-batches)"));
+        continue;
+      }
       report.forecasts.push_back(forecast(kind, W, 2 * W, M, twice));
     }
   }
@@ -141,6 +146,7 @@ SimulateReport simulate_schedules(const TrainConfig& c, std::ostream& out) {
       c.memory_budget_mib > 0
           ? " within --memory-budget " + std::to_string(c.memory_budget_mib) + " MiB"
           : std::string();
+  for (const auto& name : report.left_out) out << "not predicted: " << name << "\n";
   if (report.fastest.empty()) {
     out << "no schedule fits" << within << "\n";
   } else {

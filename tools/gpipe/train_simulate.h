@@ -31,7 +31,8 @@ struct ScheduleForecast {
 
 struct SimulateReport {
   std::vector<ScheduleForecast> forecasts;
-  std::string fastest;  // the fastest that fits; empty if none does
+  std::string fastest;                // the fastest that fits; empty if none does
+  std::vector<std::string> left_out;  // schedules the sizes do not allow, and why
 };
 
 /// Profiles and predicts as the top of this file says, printing to `out`. Throws UsageError
