@@ -1,7 +1,7 @@
-// Throughput of explicit pipeline schedules (GPipe, 1F1B, ZB1P, ZBV) on CPU threads against the
-// plain model, side by side in one run: 2 workers x 1 intra-op thread each (ZBV: 4 half-size
-// stages in a V on them) vs (a) the plain model on 1
-// thread and (b) the plain model on 2 intra-op threads. With M micro-batches the bubble bounds
+// Throughput of explicit pipeline schedules (GPipe, 1F1B, ZB1P, ZBV, DualPipeV) on CPU threads
+// against the plain model, side by side in one run: 2 workers x 1 intra-op thread each (ZBV and
+// DualPipeV: 4 half-size stages in a V on them) vs (a) the plain model on 1 thread and (b) the
+// plain model on 2 intra-op threads. With M micro-batches the bubble bounds
 // the speedup of GPipe and 1F1B over (a) at 2 * M / (M + 1) (1.78x for M = 8); ZB1P's weight
 // passes fill part of that bubble, and ZBV's more of it. Also prints each one's peak CPU tensor
 // memory during a step (the tracking allocator), above what the model holds, in all and per
@@ -110,6 +110,7 @@ int main(int argc, char** argv) {
   auto one_f_one_b_model = make_model(width, layers);
   auto zero_bubble_model = make_model(width, layers);
   auto zbv_model = make_model(width, layers);
+  auto dualpipev_model = make_model(width, layers);
   namespace gs = gpipe::schedule;
   gs::PipelineSchedule gpipe_pipe(
       gpipe_model, balance, loss,
@@ -122,13 +123,16 @@ int main(int argc, char** argv) {
                                         gs::PipelineScheduleOptions(chunks)
                                             .schedule(gs::ScheduleKind::kZeroBubble)
                                             .intra_op_threads(1));
-  const int64_t quarter = 2 * layers / 4;  // modules (Linear and Tanh) per ZBV stage
-  gs::PipelineSchedule zbv_pipe(zbv_model, {2 * layers - 3 * quarter, quarter, quarter, quarter},
-                                loss,
-                                gs::PipelineScheduleOptions(chunks)
-                                    .schedule(gs::ScheduleKind::kZeroBubbleV)
-                                    .stages_per_worker(2)
-                                    .intra_op_threads(1));
+  const int64_t quarter = 2 * layers / 4;  // modules (Linear and Tanh) per V stage
+  const std::vector<int64_t> v_balance{2 * layers - 3 * quarter, quarter, quarter, quarter};
+  const auto v_options = [&](gs::ScheduleKind kind) {
+    return gs::PipelineScheduleOptions(chunks).schedule(kind).stages_per_worker(2).intra_op_threads(
+        1);
+  };
+  gs::PipelineSchedule zbv_pipe(zbv_model, v_balance, loss,
+                                v_options(gs::ScheduleKind::kZeroBubbleV));
+  gs::PipelineSchedule dualpipev_pipe(dualpipev_model, v_balance, loss,
+                                      v_options(gs::ScheduleKind::kDualPipeV));
 
   auto plain_step = [&](int threads) {
     set_threads(threads);
@@ -164,6 +168,8 @@ int main(int argc, char** argv) {
   candidates.push_back(
       {"ZB1P, 2 stages x 1 thread", pipeline(zero_bubble_pipe, zero_bubble_model), 2});
   candidates.push_back({"ZBV, 2 x 2 stages x 1 thread", pipeline(zbv_pipe, zbv_model), 4});
+  candidates.push_back(
+      {"DualPipeV, 2 x 2 stages x 1 thread", pipeline(dualpipev_pipe, dualpipev_model), 4});
 
   for (auto& c : candidates) c.step();  // warm up, allocate gradients
   for (auto& c : candidates) {
