@@ -205,11 +205,11 @@ int main(int argc, char** argv) {
       gpipe::bench::blas_threads_settable() ? "set per run" : "not settable");
   const double a = median(candidates[0].times);
   const double b = median(candidates[1].times);
-  std::printf("%-31s %10s %10s %12s %8s %8s %14s\n", "", "step (ms)", "cpu (ms)", "samples/s",
+  std::printf("%-35s %10s %10s %12s %8s %8s %14s\n", "", "step (ms)", "cpu (ms)", "samples/s",
               "vs (a)", "vs (b)", "peak memory");
   for (const auto& c : candidates) {
     const double t = median(c.times);
-    std::printf("%-31s %10.1f %10.1f %12.1f %7.2fx %7.2fx %11.1f MiB\n", c.name.c_str(), t * 1e3,
+    std::printf("%-35s %10.1f %10.1f %12.1f %7.2fx %7.2fx %11.1f MiB\n", c.name.c_str(), t * 1e3,
                 median(c.cpu) * 1e3, batch / t, a / t, b / t, c.peak / 1048576.0);
   }
   std::printf("ZB1P over 1F1B: %.3fx, over GPipe: %.3fx (step time)\n",
@@ -218,6 +218,10 @@ int main(int argc, char** argv) {
   std::printf("ZBV over 1F1B: %.3fx, over ZB1P: %.3fx (step time)\n",
               median(candidates[4].times) / median(candidates[6].times),
               median(candidates[5].times) / median(candidates[6].times));
+  std::printf("DualPipeV over 1F1B: %.3fx, over ZB1P: %.3fx, over ZBV: %.3fx (step time)\n",
+              median(candidates[4].times) / median(candidates[7].times),
+              median(candidates[5].times) / median(candidates[7].times),
+              median(candidates[6].times) / median(candidates[7].times));
   std::printf("peak memory per stage (MiB):");
   for (const auto& c : candidates) {
     if (c.stages == 0) continue;
@@ -225,7 +229,7 @@ int main(int argc, char** argv) {
                 c.name.substr(0, c.name.find(',')).c_str());
     for (const int64_t bytes : c.stage_peaks) std::printf(" %.1f", bytes / 1048576.0);
   }
-  std::printf("\n(ZBV's worker 0 runs stages 0 and 3, worker 1 stages 1 and 2)\n");
+  std::printf("\n(in ZBV and DualPipeV, worker 0 runs stages 0 and 3, worker 1 stages 1 and 2)\n");
   std::printf("bubble bound of GPipe and 1F1B over (a): 2 x %lld / %lld = %.2fx\n",
               static_cast<long long>(chunks), static_cast<long long>(chunks + 1),
               2.0 * chunks / (chunks + 1));
