@@ -13,6 +13,7 @@
 #include "common/bench_util.h"
 
 #include "gpipe/cpu_malloc.h"
+#include "gpipe/schedule/generators.h"
 #include "gpipe/schedule/predict.h"
 #include "gpipe/schedule/runtime.h"
 #include "gpipe/trace.h"
@@ -72,6 +73,9 @@ int main(int argc, char** argv) {
   contenders.push_back({"interleaved ZB1P", gs::ScheduleKind::kInterleavedZeroBubble, 4, "ZBV"});
   contenders.push_back({"looped BFS", gs::ScheduleKind::kLoopedBFS, 4, "ZBV"});
   contenders.push_back({"ZBV", gs::ScheduleKind::kZeroBubbleV, 4, "ZBV"});
+  if (chunks >= gs::min_microbatches(gs::ScheduleKind::kDualPipeV, 4)) {
+    contenders.push_back({"DualPipeV", gs::ScheduleKind::kDualPipeV, 4, "ZBV"});
+  }
   for (auto& c : contenders) {
     torch::manual_seed(0);
     c.model = torch::nn::Sequential();
