@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -119,6 +120,9 @@ std::string port_flag(const char* flag, int port) {
   return std::string(flag) + " " + std::to_string(port);
 }
 
+// torchrun sets OMP_NUM_THREADS=1 for its ranks, which an OpenBLAS (Debian's LibTorch) takes
+// as its own process-wide thread count, changing results in the last bits. The runs compared with
+// torchrun's (gpipe launch) get the same environment, as a user comparing them would set it.
 class TorchrunTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -126,7 +130,24 @@ class TorchrunTest : public ::testing::Test {
       GTEST_SKIP() << "no torchrun: scripts/setup.sh installs the torch wheel's (LibTorch 2.x) "
                       "and Debian's python3-torch (LibTorch 1.13)";
     }
+    const char* threads = std::getenv("OMP_NUM_THREADS");
+    saved_threads_ = threads ? std::optional<std::string>(threads) : std::nullopt;
+    setenv("OMP_NUM_THREADS", "1", 1);
+    set_threads_ = true;
   }
+
+  void TearDown() override {
+    if (!set_threads_) return;
+    if (saved_threads_) {
+      setenv("OMP_NUM_THREADS", saved_threads_->c_str(), 1);
+    } else {
+      unsetenv("OMP_NUM_THREADS");
+    }
+  }
+
+ private:
+  bool set_threads_ = false;
+  std::optional<std::string> saved_threads_;
 };
 
 TEST_F(TorchrunTest, StaticRendezvous) {
