@@ -3,13 +3,10 @@
 // checked, and a failure recorded by one rank stops the other's waits with its name.
 #include "test_util.h"
 
+#include "launcher.h"
+
 #include "gpipe/distributed/c10d_transport.h"
 #include "gpipe/distributed/pipeline_stage.h"
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -24,23 +21,11 @@ namespace gpipe {
 namespace distributed {
 namespace {
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
 // Runs body(rank, transport) for 2 ranks on 2 threads, 2 stages; rethrows the first exception.
 void run_ranks(
     const std::function<void(int64_t, C10dTransport&)>& body,
     C10dTransportOptions options = C10dTransportOptions().timeout(std::chrono::seconds(20))) {
-  const int port = free_port();
+  const int port = launcher::free_port();
   std::vector<std::exception_ptr> errors(2);
   std::vector<std::thread> threads;
   for (int64_t rank = 0; rank < 2; ++rank) {
@@ -78,7 +63,7 @@ TEST(DistributedTransportTest, RendezvousIgnoresSigpipeUnlessHandled) {
   const auto join_alone = [] {
     Environment env;  // one rank
     env.master_addr = "127.0.0.1";
-    env.master_port = free_port();
+    env.master_port = launcher::free_port();
     rendezvous(env, std::chrono::seconds(20));
   };
   struct sigaction saved {};
@@ -97,7 +82,7 @@ TEST(DistributedTransportTest, RendezvousIgnoresSigpipeUnlessHandled) {
 TEST(DistributedTransportTest, DeviceIsOneItCanMove) {
   Environment env;
   env.master_addr = "127.0.0.1";
-  env.master_port = free_port();
+  env.master_port = launcher::free_port();
   ProcessGroup group = rendezvous(env, std::chrono::seconds(20));
   GPIPE_EXPECT_THROW_WITH(C10dTransport(group, 1, C10dTransportOptions().device(torch::kMeta)),
                           c10::ValueError, "not meta tensors");

@@ -12,7 +12,11 @@
 #include <c10/util/irange.h>
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -118,6 +122,21 @@ inline void set_blas_threads(int threads) {
 /// True where set_blas_threads can set a count.
 inline bool blas_threads_settable() {
   return dlsym(RTLD_DEFAULT, "openblas_set_num_threads") != nullptr;
+}
+
+/// A port of 127.0.0.1 that nothing listens on now (the kernel picks it), for a benchmark's
+/// ranks to meet on; 0 if none was had. (The launcher's own, which benchmarks do not link.)
+inline int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  const bool found = fd >= 0 &&
+                     bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                     getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  if (fd >= 0) close(fd);
+  return found ? ntohs(address.sin_port) : 0;
 }
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {

@@ -18,6 +18,8 @@
 // OpenBLAS keeps one process-wide thread count: every process sets it to 1 with
 // openblas_set_num_threads where the library has it (see main() for why the in-process runs
 // first run one step with 2). Every process keeps freed memory for reuse (gpipe/cpu_malloc.h).
+#include "common/bench_util.h"
+
 #include "gpipe/cpu_malloc.h"
 #include "gpipe/distributed/pipeline_stage.h"
 #include "gpipe/schedule/runtime.h"
@@ -81,18 +83,6 @@ double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
   return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
 }
 
 // One rank: times `repeats` steps of each schedule after a warm-up; writes
@@ -216,7 +206,7 @@ int main(int argc, char** argv) {
     // The c10d candidates: 2 processes x 1 thread; this one waits meanwhile.
     char dir[] = "/tmp/gpipe_distributed_throughput_XXXXXX";
     const std::string results = std::string(mkdtemp(dir)) + "/result";
-    const std::string port = std::to_string(free_port());
+    const std::string port = std::to_string(gpipe::bench::free_port());
     std::vector<pid_t> pids;
     for (int rank = 0; rank < 2; ++rank) {
       const pid_t pid = fork();
