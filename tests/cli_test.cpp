@@ -550,6 +550,18 @@ TEST(TrainTest, SimulatePredictsEverySchedule) {
           .fastest,
       "");
   EXPECT_THAT(none.str(), ::testing::HasSubstr("no schedule fits within --memory-budget"));
+  EXPECT_EQ(report.left_out, std::vector<std::string>{});
+
+  // DualPipeV over 4 stages needs 4 micro-batches: with 2 it is left out, and said so.
+  std::ostringstream few;
+  const SimulateReport two = simulate_schedules(
+      parse_train_config(tiny_model_flags(tiny_corpus(dir)) +
+                         std::vector<std::string>{"--simulate", "--stages", "2", "--chunks", "2"}),
+      few);
+  EXPECT_EQ(two.left_out, std::vector<std::string>{"dualpipev (needs at least 4 micro-batches)"});
+  EXPECT_EQ(two.forecasts.size(), expected.size() - 1);
+  EXPECT_THAT(few.str(),
+              ::testing::HasSubstr("not predicted: dualpipev (needs at least 4 micro-batches)\n"));
 }
 
 // --schedule-file: ZBV written to a file trains the model --schedule zbv trains, on threads and

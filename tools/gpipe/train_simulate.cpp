@@ -109,9 +109,9 @@ SimulateReport simulate_schedules(const TrainConfig& c, std::ostream& out) {
     for (const auto kind :
          {ScheduleKind::kInterleavedOneFOneB, ScheduleKind::kInterleavedZeroBubble,
           ScheduleKind::kLoopedBFS, ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV}) {
-      if (M < schedule::min_microbatches(kind, 2 * W)) {
-        report.left_out.push_back(c10::str(
-            kind, " (needs at least ", schedule::min_microbatches(kind, 2 * W), " micro-batches)"));
+      const int64_t least = schedule::min_microbatches(kind, 2 * W);
+      if (M < least) {
+        report.left_out.push_back(c10::str(kind, " (needs at least ", least, " micro-batches)"));
         continue;
       }
       report.forecasts.push_back(forecast(kind, W, 2 * W, M, twice));
