@@ -68,17 +68,51 @@ const char* color_of(const std::string& name) {
   return "#bab0ac";  // transfers and anything else
 }
 
+// Whether the events come from the ranks of a multi-process pipeline, as far as they tell: some
+// come from another rank than 0. Their files and pictures then name the ranks.
+bool from_ranks(const std::vector<Event>& events) {
+  return std::any_of(events.begin(), events.end(), [](const Event& e) { return e.rank != 0; });
+}
+
 }  // namespace
 
-Tracer::Tracer() : start_(std::chrono::steady_clock::now()) {}
+Tracer::Tracer() : origin_(std::chrono::steady_clock::now().time_since_epoch().count()) {}
 
 double Tracer::now_us() const {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_)
-      .count();
+  const std::chrono::steady_clock::duration since_origin(
+      std::chrono::steady_clock::now().time_since_epoch().count() - origin_.load());
+  return std::chrono::duration<double, std::micro>(since_origin).count();
+}
+
+void Tracer::join_timeline(int64_t rank, std::chrono::steady_clock::time_point origin,
+                           double uncertainty_us) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::chrono::steady_clock::duration moved(origin_.load() -
+                                                  origin.time_since_epoch().count());
+  const double moved_us = std::chrono::duration<double, std::micro>(moved).count();
+  for (auto& e : events_) {
+    e.begin_us += moved_us;
+    e.end_us += moved_us;
+    e.rank = rank;
+  }
+  origin_ = origin.time_since_epoch().count();
+  rank_ = rank;
+  uncertainty_us_ = uncertainty_us;
+}
+
+int64_t Tracer::rank() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return rank_;
+}
+
+double Tracer::clock_uncertainty_us() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return uncertainty_us_;
 }
 
 void Tracer::record(Event event) {
   std::lock_guard<std::mutex> lock(mutex_);
+  event.rank = rank_;
   events_.push_back(std::move(event));
 }
 
@@ -151,7 +185,7 @@ Utilization utilization(const std::vector<Event>& events) {
   // Per step: its span and the compute time of its workers.
   std::map<int64_t, std::pair<double, double>> spans;
   std::map<int64_t, double> busy;
-  std::set<int64_t> workers;
+  std::set<std::pair<int64_t, int64_t>> workers;  // (rank, worker)
   for (const auto& e : events) {
     auto it = spans.find(e.step);
     if (it == spans.end()) {
@@ -161,7 +195,7 @@ Utilization utilization(const std::vector<Event>& events) {
       it->second.second = std::max(it->second.second, e.end_us);
     }
     if (is_compute(e)) busy[e.step] += e.end_us - e.begin_us;
-    workers.insert(e.worker);
+    workers.insert({e.rank, e.worker});
   }
   Utilization result;
   for (const auto& [step, span] : spans) {
@@ -176,8 +210,9 @@ double bubble_fraction(const std::vector<Event>& events) {
 }
 
 void write_chrome_trace(const std::vector<Event>& events, std::ostream& out) {
-  std::set<int64_t> workers;
-  for (const auto& e : events) workers.insert(e.worker);
+  std::set<std::pair<int64_t, int64_t>> workers;  // (rank, worker)
+  for (const auto& e : events) workers.insert({e.rank, e.worker});
+  const bool ranked = from_ranks(events);
   out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
   bool first = true;
   const auto separator = [&] {
@@ -185,10 +220,20 @@ void write_chrome_trace(const std::vector<Event>& events, std::ostream& out) {
     first = false;
     out << "\n";
   };
-  for (const int64_t w : workers) {
+  int64_t named_rank = -1;
+  for (const auto& [rank, worker] : workers) {
+    if (ranked && rank != named_rank) {
+      separator();
+      out << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << rank
+          << ",\"args\":{\"name\":\"rank " << rank << "\"}}";
+      separator();
+      out << "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" << rank
+          << ",\"args\":{\"sort_index\":" << rank << "}}";
+      named_rank = rank;
+    }
     separator();
-    out << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" << w
-        << ",\"args\":{\"name\":\"worker " << w << "\"}}";
+    out << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << rank << ",\"tid\":" << worker
+        << ",\"args\":{\"name\":\"worker " << worker << "\"}}";
   }
   for (const auto& e : events) {
     separator();
@@ -196,34 +241,36 @@ void write_chrome_trace(const std::vector<Event>& events, std::ostream& out) {
         << (is_compute(e)           ? "compute"
             : e.name == "recompute" ? "recompute"
                                     : "transfer")
-        << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << e.worker << ",\"ts\":" << fixed(e.begin_us, 3)
-        << ",\"dur\":" << fixed(e.end_us - e.begin_us, 3) << ",\"args\":{\"stage\":" << e.stage
-        << ",\"microbatch\":" << e.microbatch << ",\"step\":" << e.step << "}}";
+        << "\",\"ph\":\"X\",\"pid\":" << e.rank << ",\"tid\":" << e.worker
+        << ",\"ts\":" << fixed(e.begin_us, 3) << ",\"dur\":" << fixed(e.end_us - e.begin_us, 3)
+        << ",\"args\":{\"stage\":" << e.stage << ",\"microbatch\":" << e.microbatch
+        << ",\"step\":" << e.step << "}}";
   }
   out << "\n]}\n";
 }
 
 void write_svg_timeline(const std::vector<Event>& events, std::ostream& out) {
   constexpr double kLeft = 80, kWidth = 1000, kRow = 30, kTop = 30;
-  std::set<int64_t> worker_set;
+  using Row = std::pair<int64_t, int64_t>;  // (rank, worker)
+  std::set<Row> row_set;
   double t0 = 0, t1 = 1;
   if (!events.empty()) {
     t0 = events.front().begin_us;
     t1 = events.front().end_us;
   }
   for (const auto& e : events) {
-    worker_set.insert(e.worker);
+    row_set.insert({e.rank, e.worker});
     t0 = std::min(t0, e.begin_us);
     t1 = std::max(t1, e.end_us);
   }
-  const std::vector<int64_t> workers(worker_set.begin(), worker_set.end());
+  const std::vector<Row> rows(row_set.begin(), row_set.end());
   const double span = std::max(t1 - t0, 1e-3);
   const auto x = [&](double t) { return kLeft + (t - t0) / span * kWidth; };
-  const auto row_of = [&](int64_t worker) {
-    return static_cast<double>(std::lower_bound(workers.begin(), workers.end(), worker) -
-                               workers.begin());
+  const auto row_of = [&](const Event& e) {
+    return static_cast<double>(std::lower_bound(rows.begin(), rows.end(), Row{e.rank, e.worker}) -
+                               rows.begin());
   };
-  const double height = kTop + kRow * static_cast<double>(workers.size()) + 72;
+  const double height = kTop + kRow * static_cast<double>(rows.size()) + 72;
 
   out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
       << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kLeft + kWidth + 20
@@ -231,15 +278,25 @@ void write_svg_timeline(const std::vector<Event>& events, std::ostream& out) {
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       << "<text x=\"" << kLeft << "\" y=\"18\" font-size=\"13\">gpipe timeline: " << events.size()
       << " tasks, " << fixed(span / 1000, 2) << " ms</text>\n";
-  for (const int64_t w : workers) {
-    const double y = kTop + kRow * row_of(w);
-    out << "<text x=\"4\" y=\"" << y + kRow / 2 + 4 << "\">worker " << w << "</text>\n"
+  // A row is a worker; the ranks of a multi-process pipeline name theirs (one worker each, or
+  // "rank:worker" where a rank has several).
+  const bool ranked = from_ranks(events);
+  std::map<int64_t, int64_t> workers_of_rank;
+  for (const Row& row : rows) ++workers_of_rank[row.first];
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const auto [rank, worker] = rows[r];
+    const double y = kTop + kRow * static_cast<double>(r);
+    const std::string name = !ranked ? "worker " + std::to_string(worker)
+                             : workers_of_rank[rank] == 1
+                                 ? "rank " + std::to_string(rank)
+                                 : "rank " + std::to_string(rank) + ":" + std::to_string(worker);
+    out << "<text x=\"4\" y=\"" << y + kRow / 2 + 4 << "\">" << name << "</text>\n"
         << "<line x1=\"" << kLeft << "\" y1=\"" << y + kRow << "\" x2=\"" << kLeft + kWidth
         << "\" y2=\"" << y + kRow << "\" stroke=\"#ddd\"/>\n";
   }
   // A worker that runs several stages (interleaved schedules) labels its boxes stage:micro-batch.
-  std::map<int64_t, std::set<int64_t>> stages_of;
-  for (const auto& e : events) stages_of[e.worker].insert(e.stage);
+  std::map<Row, std::set<int64_t>> stages_of;
+  for (const auto& e : events) stages_of[{e.rank, e.worker}].insert(e.stage);
   const bool several_stages =
       std::any_of(stages_of.begin(), stages_of.end(),
                   [](const auto& entry) { return entry.second.size() > 1; });
@@ -247,7 +304,7 @@ void write_svg_timeline(const std::vector<Event>& events, std::ostream& out) {
   // drawn in a second pass, over the compute boxes: a recompute in the lower third of its
   // backward, a transfer as a thin strip on top.
   const auto draw = [&](const Event& e) {
-    const double row_top = kTop + kRow * row_of(e.worker);
+    const double row_top = kTop + kRow * row_of(e);
     const bool compute = is_compute(e);
     const double y = compute                 ? row_top + 2
                      : e.name == "recompute" ? row_top + kRow * 2 / 3
@@ -275,7 +332,7 @@ void write_svg_timeline(const std::vector<Event>& events, std::ostream& out) {
     if (!is_compute(e)) draw(e);
   }
   // Time axis and legend.
-  const double axis = kTop + kRow * static_cast<double>(workers.size()) + 14;
+  const double axis = kTop + kRow * static_cast<double>(rows.size()) + 14;
   for (int tick = 0; tick <= 4; ++tick) {
     const double t = t0 + span * tick / 4;
     // The last label ends at the axis' end, so that it stays inside the picture.

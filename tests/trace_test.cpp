@@ -14,8 +14,10 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -144,6 +146,73 @@ TEST(TraceTest, SvgDrawsRecomputeOverBackwardAndNamesStages) {
   EXPECT_EQ(std::count(plain_labels.begin(), plain_labels.end(), "3"), 2);
   EXPECT_NE(std::find(plain_labels.begin(), plain_labels.end(), "box labels: micro-batch"),
             plain_labels.end());
+}
+
+// A tracer that joins the ranks' timeline counts from the new origin, moves what it recorded
+// with its clock, and gives every event its rank.
+TEST(TraceTest, JoiningATimelineMovesTheClockAndNamesTheRank) {
+  Tracer tracer;
+  EXPECT_EQ(tracer.rank(), 0);
+  EXPECT_EQ(tracer.clock_uncertainty_us(), 0);
+  tracer.record({"forward", 0, 0, 0, 0, 10, 20});
+  // The timeline began 5 ms ago.
+  const double before = tracer.now_us();
+  tracer.join_timeline(3, std::chrono::steady_clock::now() - std::chrono::milliseconds(5), 42.5);
+  const double after = tracer.now_us();
+  EXPECT_EQ(tracer.rank(), 3);
+  EXPECT_EQ(tracer.clock_uncertainty_us(), 42.5);
+  EXPECT_GE(after, 5000.0);
+  EXPECT_LT(after, 5000.0 + 1e6);
+  // The clock moved by (old origin - new origin), give or take the µs between the reads, and
+  // the recorded event with it.
+  const double moved = after - before;
+  const auto events = tracer.events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].rank, 3);
+  EXPECT_NEAR(events[0].begin_us, 10 + moved, 1e3);  // the two reads above are µs apart
+  EXPECT_NEAR(events[0].end_us - events[0].begin_us, 10, 1e-6);
+  tracer.record({"backward", 0, 0, 0, 0, 30, 40});
+  EXPECT_EQ(tracer.events().back().rank, 3);
+}
+
+// Events of several ranks: a process per rank in the Chrome trace, a row per rank in the SVG.
+TEST(TraceTest, WritersNameTheRanks) {
+  Event a{"forward", 0, 0, 0, 0, 0, 5};
+  Event b{"forward", 1, 1, 0, 0, 5, 9};
+  b.rank = 1;
+  std::stringstream json;
+  write_chrome_trace({a, b}, json);
+  const auto trace = nlohmann::json::parse(json.str());
+  std::map<int64_t, std::string> process_names;
+  std::set<std::pair<int64_t, int64_t>> tasks;  // (pid, tid)
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("name") == "process_name") {
+      process_names[e.at("pid").get<int64_t>()] = e.at("args").at("name");
+    }
+    if (e.at("ph") == "X") tasks.insert({e.at("pid").get<int64_t>(), e.at("tid").get<int64_t>()});
+  }
+  EXPECT_EQ(process_names, (std::map<int64_t, std::string>{{0, "rank 0"}, {1, "rank 1"}}));
+  EXPECT_EQ(tasks, (std::set<std::pair<int64_t, int64_t>>{{0, 0}, {1, 1}}));
+  const auto labels = svg_boxes_and_labels({a, b}).second;
+  for (const char* row : {"rank 0", "rank 1"}) {
+    EXPECT_NE(std::find(labels.begin(), labels.end(), row), labels.end()) << row;
+  }
+  // A rank with two workers (threads of one process) names both; one process names no rank.
+  Event c = b;
+  c.worker = 2;
+  const auto two_workers = svg_boxes_and_labels({a, b, c}).second;
+  for (const char* row : {"rank 0", "rank 1:1", "rank 1:2"}) {
+    EXPECT_NE(std::find(two_workers.begin(), two_workers.end(), row), two_workers.end()) << row;
+  }
+  // Workers of different ranks are different workers, whatever their numbers.
+  Event d = a;
+  d.rank = 1;
+  EXPECT_DOUBLE_EQ(utilization({a, d}).available_us, 2 * 5.0);
+  std::stringstream one_process;
+  write_chrome_trace({a}, one_process);
+  EXPECT_EQ(one_process.str().find("process_name"), std::string::npos);
+  const auto worker_rows = svg_boxes_and_labels({a}).second;
+  EXPECT_NE(std::find(worker_rows.begin(), worker_rows.end(), "worker 0"), worker_rows.end());
 }
 
 TEST(TraceTest, ScheduleRuntimeTracesEveryAction) {

@@ -11,10 +11,16 @@
 // so that a profiler the user runs (torch.profiler / Kineto, autograd's legacy profiler, or a
 // RecordFunction callback) sees each pipeline task, with or without a Tracer.
 //
+// Ranks: the tracer of each rank of a multi-process pipeline joins one timeline
+// (distributed::PipelineStage does it): its events carry its rank, and its clock reads what rank
+// 0's reads at the same moment, to within the alignment's uncertainty. Each rank's trace file
+// then merges with the others' (`gpipe trace merge`) into one timeline, a process per rank.
+//
 // Thread safety: Tracer::record and Tracer::events may be called from any thread (a mutex guards
 // the events). UseTracer and TraceSpan act on the calling thread only.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -31,8 +37,9 @@ namespace gpipe {
 namespace trace {
 
 /// One task: `name` ("forward", "backward", "recompute", "send", "recv", ...) of `microbatch`
-/// on `stage`, run by `worker` during training step `step`, from `begin_us` to `end_us`
-/// (microseconds since the tracer was made).
+/// on `stage`, run by `worker` during training step `step`, from `begin_us` to `end_us` on its
+/// tracer's clock. `rank` is the process that ran it: 0 unless its tracer joined the timeline
+/// of several ranks.
 struct Event {
   std::string name;
   int64_t worker = 0;
@@ -41,6 +48,7 @@ struct Event {
   int64_t step = 0;
   double begin_us = 0;
   double end_us = 0;
+  int64_t rank = 0;
 };
 
 /// Collects events.
@@ -48,9 +56,23 @@ class Tracer {
  public:
   Tracer();
 
-  /// Microseconds since this tracer was made.
+  /// Microseconds since this tracer's origin: when it was made, or the one it joined.
   double now_us() const;
 
+  /// Joins the timeline of a multi-process pipeline as `rank`: from now on the clock counts from
+  /// `origin` (the timeline's time 0 on this process's steady clock, known to within
+  /// `uncertainty_us`) and every event carries `rank`. Events recorded before move with the
+  /// clock and take the rank too, so they stay comparable. Call it while no span is open.
+  void join_timeline(int64_t rank, std::chrono::steady_clock::time_point origin,
+                     double uncertainty_us);
+
+  /// The rank given to join_timeline (0 before).
+  int64_t rank() const;
+
+  /// How far this clock may be from the timeline's, in microseconds (0 before joining one).
+  double clock_uncertainty_us() const;
+
+  /// Records `event` with this tracer's rank.
   void record(Event event);
 
   /// Every event recorded so far, in the order recorded.
@@ -59,7 +81,10 @@ class Tracer {
   void clear();
 
  private:
-  std::chrono::steady_clock::time_point start_;
+  // The origin on the steady clock, in its ticks: read by every span, without the mutex.
+  std::atomic<std::chrono::steady_clock::rep> origin_;
+  int64_t rank_ = 0;           // guarded by mutex_
+  double uncertainty_us_ = 0;  // guarded by mutex_
   mutable std::mutex mutex_;
   std::vector<Event> events_;  // guarded by mutex_
 };
@@ -104,9 +129,9 @@ class TraceSpan {
 /// inside a backward and is not counted twice).
 bool is_compute(const Event& event);
 
-/// Worker time during steps: `available` is the number of workers times the span of each step
-/// (first begin to last end), `busy` the compute time; both summed over steps, in microseconds.
-/// Utilizations of separate steps add up.
+/// Worker time during steps: `available` is the number of workers (of every rank) times the span
+/// of each step (first begin to last end), `busy` the compute time; both summed over steps, in
+/// microseconds. Utilizations of separate steps add up.
 struct Utilization {
   double busy_us = 0;
   double available_us = 0;
@@ -122,13 +147,15 @@ Utilization utilization(const std::vector<Event>& events);
 double bubble_fraction(const std::vector<Event>& events);
 
 /// Writes `events` in the Chrome trace event format (chrome://tracing, ui.perfetto.dev): one
-/// complete ("X") event per task on thread `worker`, with stage, micro-batch and step as args,
-/// and one thread-name metadata ("M") event per worker.
+/// complete ("X") event per task in process `rank`, thread `worker`, with stage, micro-batch and
+/// step as args; a thread-name metadata ("M") event per worker and, where the events come from
+/// several ranks (or another rank than 0), a process-name one per rank.
 void write_chrome_trace(const std::vector<Event>& events, std::ostream& out);
 
-/// Writes `events` as an SVG timeline: a row per worker, a box per task, colored by kind and
-/// labeled with its micro-batch where it fits (stage:micro-batch where a worker runs several
-/// stages); recomputations are drawn over the backwards they run in, transfers over both.
+/// Writes `events` as an SVG timeline: a row per worker (per rank, where they come from several
+/// ranks), a box per task, colored by kind and labeled with its micro-batch where it fits
+/// (stage:micro-batch where a worker runs several stages); recomputations are drawn over the
+/// backwards they run in, transfers over both.
 void write_svg_timeline(const std::vector<Event>& events, std::ostream& out);
 
 }  // namespace trace
