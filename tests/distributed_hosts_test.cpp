@@ -1,9 +1,10 @@
 // Tests of a pipeline whose ranks run on separate hosts: two network namespaces that the test
 // makes (ip netns), joined by a veth pair with private addresses that exist only inside them.
 // Each rank binds to its host's interface (GLOO_SOCKET_IFNAME) and MASTER_ADDR is the first
-// host's address, as on two machines. The results equal those on one host, bit for bit; a link
-// cut mid-step makes every rank fail naming its unreachable peer within the timeout. The tests
-// skip where namespaces cannot be made (they need root, or CAP_NET_ADMIN).
+// host's address, as on two machines. The results equal those on one host, bit for bit, and the
+// ranks' clocks align over the link; a link cut mid-step makes every rank fail naming its
+// unreachable peer within the timeout. The tests skip where namespaces cannot be made (they need
+// root, or CAP_NET_ADMIN).
 #include "test_util.h"
 
 #include "distributed_launch.h"
@@ -13,9 +14,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -116,13 +119,22 @@ class DistributedHostsTest : public ::testing::Test {
   TwoHosts hosts_;
 };
 
+// Equal results; and the ranks' clocks, aligned over the link, agree within the uncertainty they
+// state (the namespaces share this machine's steady clock, so the truth is known).
 TEST_F(DistributedHostsTest, ResultsEqualOneHost) {
-  const std::string args = "--schedule 1f1b --chunks 4 --timeout-ms 30000";
+  const std::string args = "--schedule 1f1b --chunks 4 --timeout-ms 30000 --trace 1";
   const testing::Launch one_host = testing::launch_workers(2, args);
   ASSERT_EQ(one_host.exit_code, 0) << one_host.output;
   const std::string dir = testing::make_temp_dir();
   const auto codes = run_on_hosts(hosts_, dir, args);
   ASSERT_EQ(codes, (std::vector<int>{0, 0})) << logs(dir);
+  std::vector<double> origin_us(2), uncertainty_us(2);
+  for (int r = 0; r < 2; ++r) {
+    std::istringstream clock(testing::read_text(dir + "/clock_rank" + std::to_string(r) + ".txt"));
+    ASSERT_TRUE(clock >> origin_us[r] >> uncertainty_us[r]) << "rank " << r;
+  }
+  EXPECT_LE(std::abs(origin_us[1] - origin_us[0]), uncertainty_us[1] + 1)
+      << "origins " << origin_us[0] << " and " << origin_us[1] << " us";
   for (int r = 0; r < 2; ++r) {
     const std::string rank = std::to_string(r);
     at::Tensor loss, expected;

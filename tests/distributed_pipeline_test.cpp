@@ -7,13 +7,17 @@
 #include "distributed_model.h"
 #include "gpipe/distributed/pipeline_stage.h"
 #include "gpipe/schedule/schedule_file.h"
+#include "trace_merge.h"
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <map>
+#include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace gpipe {
@@ -157,11 +161,17 @@ TEST(DistributedPipelineTest, PipelineTimesDataParallel) {
   expect_equivalent(4, "zbv", 2, /*replicas=*/2);
 }
 
-// Each rank's tracer records its own actions, as its worker row: a forward and a backward of
-// each of the 4 micro-batches on its stage.
-TEST(DistributedPipelineTest, EachRankTracesItsActions) {
-  const testing::Launch launch = testing::launch_workers(2, "--schedule 1f1b --chunks 4 --trace 1");
+// Each rank's tracer records its own actions, as its worker row and its process: a forward and a
+// backward of each of the 4 micro-batches on its stage. The ranks' clocks are aligned: on one
+// machine, where they share one steady clock, their timelines start at the same moment to within
+// the uncertainty each states; and in the merged trace (gpipe trace merge) no stage starts a
+// micro-batch before the stage that feeds it has finished it.
+TEST(DistributedPipelineTest, EachRankTracesItsActionsOnOneTimeline) {
+  const testing::Launch launch =
+      testing::launch_workers(2, "--schedule 1f1b --chunks 4 --steps 3 --trace 1");
   ASSERT_EQ(launch.exit_code, 0) << launch.output;
+  std::vector<double> origin_us(2), uncertainty_us(2);
+  int64_t tasks = 0;
   for (int r = 0; r < 2; ++r) {
     std::ifstream in(launch.dir + "/trace_rank" + std::to_string(r) + ".json");
     ASSERT_TRUE(in.good()) << "rank " << r;
@@ -169,13 +179,47 @@ TEST(DistributedPipelineTest, EachRankTracesItsActions) {
     std::map<std::string, int> count;
     for (const auto& event : trace["traceEvents"]) {
       if (event["ph"] != "X") continue;
+      EXPECT_EQ(event["pid"], r);
       EXPECT_EQ(event["tid"], r);
       EXPECT_EQ(event["args"]["stage"], r);
       ++count[event["name"].get<std::string>()];
+      ++tasks;
     }
-    EXPECT_EQ(count["forward"], 4) << "rank " << r;
-    EXPECT_EQ(count["backward"], 4) << "rank " << r;
-    EXPECT_EQ(count[r == 0 ? "send_activation" : "recv_activation"], 4) << "rank " << r;
+    EXPECT_EQ(count["forward"], 3 * 4) << "rank " << r;
+    EXPECT_EQ(count["backward"], 3 * 4) << "rank " << r;
+    EXPECT_EQ(count[r == 0 ? "send_activation" : "recv_activation"], 3 * 4) << "rank " << r;
+    std::ifstream clock(launch.dir + "/clock_rank" + std::to_string(r) + ".txt");
+    ASSERT_TRUE(clock >> origin_us[r] >> uncertainty_us[r]) << "rank " << r;
+  }
+  EXPECT_EQ(uncertainty_us[0], 0);  // rank 0's clock is the timeline's
+  EXPECT_GT(uncertainty_us[1], 0);
+  EXPECT_LT(uncertainty_us[1], 100e3);
+  // 1 µs more for reading the two clocks one after the other.
+  EXPECT_LE(std::abs(origin_us[1] - origin_us[0]), uncertainty_us[1] + 1)
+      << "origins " << origin_us[0] << " and " << origin_us[1] << " us";
+
+  std::ostringstream said;
+  cli::trace_merge(cli::parse_trace_merge_config({"-o", launch.dir + "/merged.json",
+                                                  launch.dir + "/trace_rank0.json",
+                                                  launch.dir + "/trace_rank1.json"}),
+                   said);
+  EXPECT_EQ(said.str(), launch.dir + "/merged.json: " + std::to_string(tasks) +
+                            " tasks of 2 ranks from 2 files\n");
+  // (kind, stage, step, micro-batch) -> (begin, end)
+  std::map<std::tuple<std::string, int64_t, int64_t, int64_t>, std::pair<double, double>> spans;
+  for (const auto& e : cli::read_chrome_trace(launch.dir + "/merged.json")) {
+    EXPECT_EQ(e.rank, e.stage);
+    spans[{e.name, e.stage, e.step, e.microbatch}] = {e.begin_us, e.end_us};
+  }
+  const double slack = uncertainty_us[1];
+  for (int64_t step = 0; step < 3; ++step) {
+    for (int64_t m = 0; m < 4; ++m) {
+      SCOPED_TRACE("step " + std::to_string(step) + ", micro-batch " + std::to_string(m));
+      const auto forward = [&](int64_t s) { return spans.at({"forward", s, step, m}); };
+      const auto backward = [&](int64_t s) { return spans.at({"backward", s, step, m}); };
+      EXPECT_GE(forward(1).first, forward(0).second - slack);
+      EXPECT_GE(backward(0).first, backward(1).second - slack);
+    }
   }
 }
 

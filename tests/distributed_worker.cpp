@@ -18,8 +18,10 @@
 // constructed (every rank connected). With --fail-attempts K, the failure comes only in torchrun's
 // first K attempts (TORCHELASTIC_RESTART_COUNT < K), so that a restarted group succeeds. With
 // --absent-from R, ranks R and above exit at once, never joining. With --trace 1, each rank also
-// writes its tracer's events as DIR/trace_rank<r>.json (trace.h). With --schedule-file F, the
-// ranks run the schedule of file F (schedule_file.h), whose stages the model is cut into. With
+// writes its tracer's events as DIR/trace_rank<r>.json (trace.h), and its timeline's origin on
+// the steady clock and that origin's uncertainty (microseconds) as DIR/clock_rank<r>.txt. With
+// --schedule-file F, the ranks run the schedule of file F (schedule_file.h), whose stages the model
+// is cut into. With
 // --skips 1, the model has its skip connections across stages.
 #include "distributed_model.h"
 #include "gpipe/distributed/pipeline_stage.h"
@@ -144,6 +146,15 @@ int main(int argc, char** argv) {
       if (const auto& tracer = pipe.options().tracer()) {
         std::ofstream json(out + "/trace" + suffix + ".json");
         gpipe::trace::write_chrome_trace(tracer->events(), json);
+        // The timeline's origin on this machine's steady clock (which every rank shares), in
+        // microseconds, and how exactly the rank knows it.
+        const double origin_us = std::chrono::duration<double, std::micro>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count() -
+                                 tracer->now_us();
+        std::ofstream clock(out + "/clock" + suffix + ".txt");
+        clock.precision(17);
+        clock << origin_us << " " << tracer->clock_uncertainty_us() << "\n";
       }
       for (const int64_t s : pipe.stage_indices()) {
         std::vector<torch::Tensor> grads;

@@ -14,6 +14,11 @@
 // size): the first stage's rank reads the input, the last stage's rank the target, and every rank
 // derives the number of micro-batches from the batch size.
 //
+// Tracing: a tracer in the options joins the ranks' timeline (trace.h) as this rank, its clock
+// aligned with rank 0's through the store when every rank has connected (to within half a store
+// round trip, typically tens of microseconds on one machine; Tracer::clock_uncertainty_us says).
+// Each rank's trace file then merges with the others' into one timeline (`gpipe trace merge`).
+//
 // Failures: an exception on any rank makes step() throw c10::Error on every rank, naming the rank
 // that failed first and its message, within the timeout; a rank killed or hung is named by the
 // rank that waited for it. Catch it and exit the process: a failed PipelineStage cannot step
