@@ -481,7 +481,15 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
                 100 * report.bubble_fraction, bound_name(c).c_str(), 100 * report.bubble_bound,
                 static_cast<long long>(report.traced_tasks));
   out << line;
-  if (!c.trace.empty()) out << "trace: " << c.trace << "\n";
+  if (!c.trace.empty()) {
+    out << "trace: " << c.trace;
+    if (c.ranks) {
+      std::snprintf(line, sizeof(line), " (a process per rank; clocks aligned to within %.0f us)",
+                    summary.clock_uncertainty_us);
+      out << line;
+    }
+    out << "\n";
+  }
   if (!c.timeline.empty()) out << "timeline: " << c.timeline << "\n";
   if (!c.save.empty()) out << "model: " << c.save << "\n";
   if (!saves.empty()) {

@@ -122,14 +122,6 @@ std::string text_of(const std::vector<uint8_t>& bytes) {
   return std::string(bytes.begin(), bytes.end());
 }
 
-// Microseconds since the epoch of the system clock, which all processes of one machine share:
-// the common clock of the ranks' traces (as exact as the machines' clocks agree, across them).
-double system_us() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 class RankPipeline final : public TrainPipeline {
  public:
   RankPipeline(const TrainConfig& c, const torch::nn::Sequential& model,
@@ -146,8 +138,6 @@ class RankPipeline final : public TrainPipeline {
     for (const auto s : c10::irange(balance.size())) {
       first_layer_[s + 1] = first_layer_[s] + balance[s];
     }
-    // Where this rank's tracer started, on the common clock.
-    clock_offset_us_ = system_us() - tracer_->now_us();
     reset_peaks({pipeline_.device()});
   }
 
@@ -193,23 +183,21 @@ class RankPipeline final : public TrainPipeline {
   }
 
   TrainSummary summarize() override {
-    // Each rank says its stages' peaks, its steps' times and its kept events, on the common
-    // clock; rank 0 reads them all.
+    // Each rank says its stages' peaks, its steps' times and its kept events, on the ranks'
+    // timeline (its tracer joined it), and how exactly its clock is aligned; rank 0 reads them.
     std::ostringstream mine;
     mine.precision(std::numeric_limits<double>::max_digits10);
-    mine << "traced " << traced_tasks_ << "\n";
+    mine << "traced " << traced_tasks_ << " " << tracer_->clock_uncertainty_us() << "\n";
     for (const int64_t s : pipeline_.stage_indices()) {
       mine << "peak " << s << " " << stage_peak(s, pipeline_.device()) << " " << pipeline_.device()
            << "\n";
     }
     for (const StepTime& t : steady_steps_) {
-      mine << "step " << t.begin_us + clock_offset_us_ << " " << t.end_us + clock_offset_us_ << " "
-           << t.busy_us << "\n";
+      mine << "step " << t.begin_us << " " << t.end_us << " " << t.busy_us << "\n";
     }
     for (const trace::Event& e : kept_) {
-      mine << "event " << e.name << " " << e.worker << " " << e.stage << " " << e.microbatch << " "
-           << e.step << " " << e.begin_us + clock_offset_us_ << " " << e.end_us + clock_offset_us_
-           << "\n";
+      mine << "event " << e.name << " " << e.rank << " " << e.worker << " " << e.stage << " "
+           << e.microbatch << " " << e.step << " " << e.begin_us << " " << e.end_us << "\n";
     }
     TrainSummary summary;
     if (!reports()) {
@@ -221,15 +209,16 @@ class RankPipeline final : public TrainPipeline {
     summary.devices.assign(stages, c10::Device(c10::kCPU));
     std::vector<std::vector<double>> begins(steady_steps_.size()), ends(steady_steps_.size());
     std::vector<double> busy(steady_steps_.size(), 0);
-    double origin = clock_offset_us_;  // rank 0's tracer start: time 0 of the kept events
     for (const auto r : c10::irange(pipeline_.world_size())) {
       std::istringstream in(r == 0 ? mine.str() : text_of(group_.store->get(key("summary", r))));
       size_t step = 0;
       for (std::string kind; in >> kind;) {
         if (kind == "traced") {
           int64_t count = 0;
-          in >> count;
+          double uncertainty_us = 0;
+          in >> count >> uncertainty_us;
           summary.traced_tasks += count;
+          summary.clock_uncertainty_us = std::max(summary.clock_uncertainty_us, uncertainty_us);
         } else if (kind == "peak") {
           int64_t s = 0, bytes = 0;
           std::string device;
@@ -247,9 +236,8 @@ class RankPipeline final : public TrainPipeline {
           ++step;
         } else {
           trace::Event e;
-          in >> e.name >> e.worker >> e.stage >> e.microbatch >> e.step >> e.begin_us >> e.end_us;
-          e.begin_us -= origin;
-          e.end_us -= origin;
+          in >> e.name >> e.rank >> e.worker >> e.stage >> e.microbatch >> e.step >> e.begin_us >>
+              e.end_us;
           summary.kept.push_back(std::move(e));
         }
       }
@@ -306,7 +294,6 @@ class RankPipeline final : public TrainPipeline {
   std::vector<int64_t> first_layer_;  // of each stage, and the layer count last
   distributed::ProcessGroup group_;
   distributed::PipelineStage pipeline_;
-  double clock_offset_us_ = 0;
 };
 
 }  // namespace

@@ -29,6 +29,7 @@ struct TrainSummary {
   trace::Utilization steady;         // over the recorded steps, every worker
   std::vector<trace::Event> kept;    // every worker's kept events, on one clock
   int64_t traced_tasks = 0;          // every worker's events, kept or not
+  double clock_uncertainty_us = 0;   // of the ranks' clocks against rank 0's (threads: 0)
 };
 
 class TrainPipeline {
