@@ -8,6 +8,7 @@
 #include "model_file.h"
 #include "same_model.h"
 #include "text_corpus.h"
+#include "trace_merge.h"
 #include "train.h"
 #include "train_simulate.h"
 
@@ -390,7 +391,10 @@ TEST(CommandTest, BadCommandLinesExitWithTwoAndOneLine) {
             "embedding + head)\n"},
            {"train --steps -3", "gpipe train: --steps: must be at least 1, but got -3\n"},
            {"generate", "gpipe generate: needs --model FILE (from gpipe train --save)\n"},
-           {"fly", "gpipe fly: unknown command 'fly' (commands: train, generate, launch)\n"},
+           {"fly", "gpipe fly: unknown command 'fly' (commands: train, generate, launch, trace)\n"},
+           {"trace split a.json",
+            "gpipe trace: unknown trace command 'split' (trace commands: merge)\n"},
+           {"trace merge a.json", "gpipe trace merge: needs -o FILE, the merged trace\n"},
        }) {
     const auto [code, err] = run_command(arguments);
     EXPECT_EQ(code, 2) << arguments;
@@ -610,6 +614,104 @@ TEST(TrainTest, ScheduleFileTrainsAsItsSchedule) {
       UsageError, dir.file("typo.txt") + ", line 2: '1Q0' is not an action");
 }
 
+// The trace files of two ranks, as their tracers write them: rank 1's tasks start where rank 0's
+// end, on the one timeline the ranks share.
+std::vector<std::string> rank_traces(const TemporaryDirectory& dir) {
+  std::vector<std::string> paths;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    std::vector<trace::Event> events;
+    for (int64_t step = 0; step < 3; ++step) {
+      for (int64_t m = 0; m < 2; ++m) {
+        trace::Event e{"forward", rank, rank, m, step};
+        e.begin_us = 1000.0 * step + 100.0 * (m + rank);
+        e.end_us = e.begin_us + 100;
+        e.rank = rank;
+        events.push_back(e);
+      }
+    }
+    paths.push_back(dir.file("trace_rank" + std::to_string(rank) + ".json"));
+    std::ofstream out(paths.back());
+    trace::write_chrome_trace(events, out);
+  }
+  return paths;
+}
+
+TEST(TraceMergeTest, JoinsTheRanksIntoOneTimeline) {
+  TemporaryDirectory dir;
+  const auto inputs = rank_traces(dir);
+  const std::string merged = dir.file("merged.json"), svg = dir.file("merged.svg");
+  std::ostringstream said;
+  trace_merge(parse_trace_merge_config(
+                  {"-o", merged, "--timeline", svg, "--timeline-steps", "1", inputs[1], inputs[0]}),
+              said);
+  EXPECT_EQ(said.str(),
+            merged + ": 12 tasks of 2 ranks from 2 files\n" + svg + ": the last 1 step\n");
+  // Every task once, in time order, each in its rank's process; the ranks named.
+  const auto events = read_chrome_trace(merged);
+  ASSERT_EQ(events.size(), 12u);
+  EXPECT_TRUE(std::is_sorted(
+      events.begin(), events.end(),
+      [](const trace::Event& a, const trace::Event& b) { return a.begin_us < b.begin_us; }));
+  for (const auto& e : events) {
+    EXPECT_EQ(e.rank, e.worker);
+    EXPECT_EQ(e.begin_us, 1000.0 * static_cast<double>(e.step) +
+                              100.0 * static_cast<double>(e.microbatch + e.rank));
+  }
+  std::ifstream in(merged);
+  const nlohmann::json json = nlohmann::json::parse(in);
+  std::set<std::string> processes;
+  for (const auto& e : json.at("traceEvents")) {
+    if (e.at("name") == "process_name") processes.insert(e.at("args").at("name"));
+  }
+  EXPECT_EQ(processes, (std::set<std::string>{"rank 0", "rank 1"}));
+  // The timeline draws the last step's 4 tasks, a row per rank.
+  tinyxml2::XMLDocument document;
+  ASSERT_EQ(document.LoadFile(svg.c_str()), tinyxml2::XML_SUCCESS);
+  int boxes = 0;
+  std::set<std::string> labels;
+  for (auto* e = document.RootElement()->FirstChildElement(); e; e = e->NextSiblingElement()) {
+    if (std::string(e->Name()) == "rect" && e->FirstChildElement("title")) ++boxes;
+    if (std::string(e->Name()) == "text" && e->GetText()) labels.insert(e->GetText());
+  }
+  EXPECT_EQ(boxes, 4);
+  EXPECT_TRUE(labels.count("rank 0") && labels.count("rank 1"));
+  // As a command, too.
+  const auto [code, err] = run_command("trace merge -o " + merged + " " + inputs[0]);
+  EXPECT_EQ(code, 0) << err;
+  EXPECT_EQ(read_chrome_trace(merged).size(), 6u);
+}
+
+TEST(TraceMergeTest, BadInputsAreNamedAndNothingIsWritten) {
+  TemporaryDirectory dir;
+  const auto inputs = rank_traces(dir);
+  const std::string merged = dir.file("merged.json");
+  const auto merge = [&](std::vector<std::string> args) {
+    std::ostringstream said;
+    args.insert(args.begin(), {"-o", merged});
+    trace_merge(parse_trace_merge_config(args), said);
+  };
+  GPIPE_EXPECT_THROW_WITH(merge({inputs[0], inputs[1], inputs[0]}), UsageError,
+                          "traces '" + inputs[0] + "' and '" + inputs[0] +
+                              "' both hold rank 0's tasks: merge the traces of different ranks");
+  GPIPE_EXPECT_THROW_WITH(
+      merge({dir.file("absent.json")}), UsageError,
+      "cannot read trace '" + dir.file("absent.json") + "': No such file or directory");
+  const std::string text = write_text(dir.file("text.json"), "forward 0 0\n");
+  GPIPE_EXPECT_THROW_WITH(merge({text}), UsageError, "trace '" + text + "' is not JSON: ");
+  const std::string other = write_text(dir.file("other.json"), "{\"events\": []}");
+  GPIPE_EXPECT_THROW_WITH(merge({other}), UsageError,
+                          "trace '" + other + "' has no traceEvents: not a Chrome trace");
+  const std::string timeless =
+      write_text(dir.file("timeless.json"), R"({"traceEvents": [{"name": "forward", "ph": "X"}]})");
+  GPIPE_EXPECT_THROW_WITH(merge({timeless}), UsageError,
+                          "trace '" + timeless + "', event 0: no \"ts\"");
+  EXPECT_FALSE(fs::exists(merged));
+  GPIPE_EXPECT_THROW_WITH(parse_trace_merge_config({"-o", merged}), UsageError,
+                          "needs the trace files to merge (TRACE...)");
+  GPIPE_EXPECT_THROW_WITH(parse_trace_merge_config({inputs[0], "-o", "/nonexistent/merged.json"}),
+                          UsageError, "-o");
+}
+
 TEST(TrainRanksTest, EqualsTheThreadRun) {
   TemporaryDirectory dir;
   const auto flags = tiny_model_flags(tiny_corpus(dir)) + std::vector<std::string>{"--steps", "3"};
@@ -637,11 +739,13 @@ TEST(TrainRanksTest, EqualsTheThreadRun) {
     EXPECT_EQ(output, "");
     std::ifstream in(dir.file("trace.json"));
     const nlohmann::json trace = nlohmann::json::parse(in);
-    std::set<int64_t> workers;
+    std::set<std::pair<int64_t, int64_t>> workers;  // (process, thread): a rank each
     for (const auto& event : trace.at("traceEvents")) {
-      if (event.at("ph") == "X") workers.insert(event.at("tid").get<int64_t>());
+      if (event.at("ph") == "X") {
+        workers.insert({event.at("pid").get<int64_t>(), event.at("tid").get<int64_t>()});
+      }
     }
-    EXPECT_EQ(workers, (std::set<int64_t>{0, 1}));
+    EXPECT_EQ(workers, (std::set<std::pair<int64_t, int64_t>>{{0, 0}, {1, 1}}));
     tinyxml2::XMLDocument svg;
     EXPECT_EQ(svg.LoadFile(dir.file("timeline.svg").c_str()), tinyxml2::XML_SUCCESS);
   }

@@ -1,9 +1,11 @@
-// The `gpipe` command: `gpipe train` (the default job), `gpipe generate`, `gpipe launch`.
+// The `gpipe` command: `gpipe train` (the default job), `gpipe generate`, `gpipe launch`,
+// `gpipe trace merge`.
 //
 // Exit codes: 0 done, 1 a failure while running, 2 a bad command line (one line on stderr).
 #include "arguments.h"
 #include "generate.h"
 #include "launcher.h"
+#include "trace_merge.h"
 #include "train.h"
 #include "train_simulate.h"
 
@@ -27,6 +29,8 @@ commands:
   generate    sample text from a model saved by train --save
   launch      start the N ranks of a multi-process program on this machine:
               gpipe launch -n N [--master-port P] [--grace S] -- program [args...]
+  trace merge join the ranks' trace files into one timeline:
+              gpipe trace merge -o FILE [--timeline SVG] TRACE...
 
 `gpipe <command> --help` lists a command's flags.
 )";
@@ -49,8 +53,20 @@ int run(const std::string& command, const std::vector<std::string>& args) {
     return 0;
   }
   if (command == "launch") return gpipe::launcher::launch(args, "gpipe launch");
+  if (command == "trace") {
+    if (args.empty() || args[0] != "merge") {
+      if (help) return std::cout << trace_merge_usage(), 0;
+      throw UsageError(args.empty()
+                           ? "needs a trace command (trace commands: merge)"
+                           : "unknown trace command '" + args[0] + "' (trace commands: merge)");
+    }
+    if (help) return std::cout << trace_merge_usage(), 0;
+    trace_merge(parse_trace_merge_config(std::vector<std::string>(args.begin() + 1, args.end())),
+                std::cout);
+    return 0;
+  }
   if (command == "--help" || command == "-h" || command == "help") return std::cout << kUsage, 0;
-  throw UsageError("unknown command '" + command + "' (commands: train, generate, launch)");
+  throw UsageError("unknown command '" + command + "' (commands: train, generate, launch, trace)");
 }
 
 }  // namespace
@@ -64,8 +80,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   // One write per line: the ranks of a job share stderr, and their lines must not mix.
+  const bool trace_merge = words[0] == "trace" && words.size() > 1 && words[1] == "merge";
   const auto fail = [&](const std::string& message, int code) {
-    std::cerr << "gpipe " + words[0] + ": " + message + "\n";
+    std::cerr << "gpipe " + words[0] + (trace_merge ? " merge" : "") + ": " + message + "\n";
     return code;
   };
   try {
