@@ -1,0 +1,198 @@
+// How much of a network's latency each schedule hides: `gpipe train` on 2 ranks, one in each of
+// two network namespaces joined by a link with a one-way delay of 0, 1 and 5 ms (a DelayedLink),
+// round by round; throughput (samples/s from rank 0's summary line, which leaves out start-up),
+// the link's measured round trip, and the step time each ms of one-way delay adds. A schedule
+// that waited for every message on its critical path in full would add 2 ms per ms and round
+// trip of messages on that path; what it adds less, it hides behind computation. Next to it,
+// what predict() (gpipe/schedule/predict.h) expects of the same schedule with equal stages and
+// messages that arrive `delay` after their send.
+//
+// Why TAP devices and not `tc qdisc add dev <veth> root netem delay 1ms`: netem is a kernel
+// module (sch_netem) that this project's machine does not have; a user-space link needs only
+// /dev/net/tun. Needs root (or CAP_NET_ADMIN) and iproute2; prints "skipped: <why>" and exits 0
+// where it cannot make the link.
+//
+// Default: gpipe train's own model and data, batch 32 in 4 micro-batches, 30 steps, schedules
+// gpipe, 1f1b and zb1p; --rounds N.
+#include "common/bench_util.h"
+#include "link-delay/delayed_link.h"
+
+#include "gpipe/schedule/generators.h"
+#include "gpipe/schedule/predict.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace gpipe::bench;
+namespace gs = gpipe::schedule;
+
+constexpr int kBatch = 32, kChunks = 4, kSteps = 30;
+
+// Set by SIGINT or SIGTERM: the benchmark stops after the run in progress and removes the link.
+std::atomic<bool> interrupted{false};
+
+// Runs a command; returns its exit code (-1 where it did not exit) and output.
+int capture(const std::string& command, std::string* output) {
+  std::FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return -1;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output->append(buffer, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Runs gpipe train as rank h of 2 on host h of the link, and returns rank 0's samples/s; 0, with
+// both ranks' output in `error`, where a rank fails.
+double train(const DelayedLink& link, const std::string& flags, int port, std::string* error) {
+  std::string outputs[2];
+  int codes[2] = {-1, -1};
+  std::vector<std::thread> ranks;
+  for (int h = 0; h < 2; ++h) {
+    const std::string rank = std::to_string(h);
+    const std::string command =
+        "ip netns exec " + link.host(h) + " env RANK=" + rank +
+        " WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 GROUP_RANK=" + rank +
+        " MASTER_ADDR=" + link.address(0) + " MASTER_PORT=" + std::to_string(port) +
+        " GLOO_SOCKET_IFNAME=" + link.interface(h) + " " + GPIPE_COMMAND + flags;
+    ranks.emplace_back([&, h, command] { codes[h] = capture(command, &outputs[h]); });
+  }
+  for (auto& rank : ranks) rank.join();
+  std::smatch match;
+  if (codes[0] != 0 || codes[1] != 0 ||
+      !std::regex_search(outputs[0], match, std::regex(R"(, ([0-9.]+) samples/s \()"))) {
+    *error = "gpipe" + flags + " on 2 ranks failed (exit " + std::to_string(codes[0]) + ", " +
+             std::to_string(codes[1]) + "):\nrank 0:\n" + outputs[0] + "\nrank 1:\n" + outputs[1];
+    return 0;
+  }
+  return std::stod(match[1]);
+}
+
+// What predict() expects each ms of one-way delay to add to a step of `schedule`, in ms: equal
+// stages, forward 1 and backward 2 (each half 1) scaled to the measured step without delay.
+double predicted_slope(const std::string& schedule, double step_ms, double delay_ms) {
+  const auto plan = gs::make_schedule(gs::parse_schedule_kind(schedule), 2, 2, kChunks);
+  gs::ActionCosts costs = gs::ActionCosts::unit(2);
+  const double unit_step = gs::predict(plan, costs).step_time;
+  const double ms_per_unit = step_ms / unit_step;
+  costs.latency = delay_ms / ms_per_unit;
+  return (gs::predict(plan, costs).step_time - unit_step) * ms_per_unit / delay_ms;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args =
+      parse_args(argc, argv, "link_delay",
+                 "gpipe train on 2 ranks in two network namespaces joined by a link with a "
+                 "one-way delay of 0, 1 and 5 ms (user-space TAP forwarding, not netem): "
+                 "throughput per schedule, and the step time each ms of delay adds.",
+                 /*default_rounds=*/3);
+  DelayedLink link;
+  if (!link.failure().empty()) {
+    std::printf("skipped: %s\n", link.failure().c_str());
+    return 0;
+  }
+  for (int sig : {SIGINT, SIGTERM}) signal(sig, [](int) { interrupted = true; });
+
+  const std::vector<int> delays_ms = {0, 1, 5};
+  const std::vector<std::string> schedules = {"gpipe", "1f1b", "zb1p"};
+  const std::string flags = " train --stages 2 --batch-size " + std::to_string(kBatch) +
+                            " --chunks " + std::to_string(kChunks) + " --steps " +
+                            std::to_string(kSteps);
+  std::map<int, std::vector<double>> round_trips;                     // by delay
+  std::map<std::string, std::map<int, std::vector<double>>> samples;  // by schedule, delay
+  int port = 29500;
+  const auto start = std::chrono::steady_clock::now();
+  for (int round = 0; round < args.rounds; ++round) {
+    // Every other round in the opposite order, so that a drift of the machine's speed falls on
+    // all contenders alike.
+    auto delays = delays_ms;
+    auto order = schedules;
+    if (round % 2) {
+      std::reverse(delays.begin(), delays.end());
+      std::reverse(order.begin(), order.end());
+    }
+    for (int delay : delays) {
+      link.set_delay(std::chrono::milliseconds(delay));
+      std::string error;
+      const double round_trip = link.round_trip_ms(20, &error);
+      if (round_trip < 0) {
+        std::fprintf(stderr, "link_delay: cannot measure the round trip: %s\n", error.c_str());
+        return 1;
+      }
+      round_trips[delay].push_back(round_trip);
+      for (const auto& schedule : order) {
+        const double throughput = train(link, flags + " --schedule " + schedule, port++, &error);
+        if (throughput == 0 || interrupted) {
+          std::fprintf(stderr, "link_delay: %s\n", interrupted ? "interrupted" : error.c_str());
+          return 1;
+        }
+        samples[schedule][delay].push_back(throughput);
+        std::printf("round %d, %d ms, %s: %.0f samples/s\n", round + 1, delay, schedule.c_str(),
+                    throughput);
+        std::fflush(stdout);
+      }
+    }
+  }
+  std::printf("\n");
+
+  Table table({"2 ranks, one-way delay", "round trip (ms)", "samples/s", "vs 0 ms", "step (ms)",
+               "+step ms per delay ms", "predict(): per ms"});
+  nlohmann::json report = {{"flags", flags},
+                           {"rounds", args.rounds},
+                           {"delays_ms", delays_ms},
+                           {"frames_forwarded", link.forwarded()},
+                           {"frames_dropped", link.dropped()},
+                           {"seconds", seconds_since(start)}};
+  std::string fits;
+  for (const auto& schedule : schedules) {
+    const double base = median(samples[schedule][0]);
+    const double base_step = 1000.0 * kBatch / base;
+    // The least-squares slope of the step time over the delays.
+    double sum_d = 0, sum_t = 0, sum_dd = 0, sum_dt = 0;
+    for (int delay : delays_ms) {
+      const double samples_per_second = median(samples[schedule][delay]);
+      const double step = 1000.0 * kBatch / samples_per_second;
+      const double round_trip = median(round_trips[delay]);
+      sum_d += delay, sum_t += step, sum_dd += delay * delay, sum_dt += delay * step;
+      const bool delayed = delay > 0;
+      const double slope = delayed ? (step - base_step) / delay : 0;
+      const double predicted = delayed ? predicted_slope(schedule, base_step, delay) : 0;
+      table.add({schedule + ", " + std::to_string(delay) + " ms", fixed(round_trip, 2),
+                 fixed(samples_per_second, 0), times(samples_per_second / base), fixed(step, 1),
+                 delayed ? fixed(slope, 2) : "", delayed ? fixed(predicted, 2) : ""});
+      report[schedule][std::to_string(delay) + "ms"] = {
+          {"samples_per_second", samples_per_second},
+          {"step_ms", step},
+          {"round_trip_ms", round_trip},
+          {"step_ms_per_delay_ms", slope},
+          {"predicted_step_ms_per_delay_ms", predicted}};
+    }
+    const double n = static_cast<double>(delays_ms.size());
+    const double fit = (n * sum_dt - sum_d * sum_t) / (n * sum_dd - sum_d * sum_d);
+    report[schedule]["fitted_step_ms_per_delay_ms"] = fit;
+    fits += (fits.empty() ? "" : ", ") + schedule + " " + fixed(fit, 2);
+  }
+  table.print();
+  std::printf(
+      "\nstep time per ms of one-way delay (least squares over %s ms): %s\n"
+      "(a schedule that hid nothing would add 2 for each message round trip on its critical "
+      "path; predict(): that count where messages are the only wait)\n"
+      "link: %llu frames forwarded, %llu dropped; %.0f s\n",
+      "0, 1, 5", fits.c_str(), static_cast<unsigned long long>(link.forwarded()),
+      static_cast<unsigned long long>(link.dropped()), seconds_since(start));
+  write_json(args, report);
+  return 0;
+}
