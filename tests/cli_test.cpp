@@ -227,7 +227,7 @@ TEST(TrainTest, LossFalls) {
 
 TEST(TrainTest, EveryScheduleTrainsTheSameModel) {
   // Same seed, same batches: every schedule computes the same losses and gradients, so the loss
-  // after a few updates agrees too.
+  // after a few updates agrees too. Each is measured against its own bubble.
   TemporaryDirectory dir;
   const std::string data = tiny_corpus(dir);
   std::vector<double> first;
@@ -238,10 +238,20 @@ TEST(TrainTest, EveryScheduleTrainsTheSameModel) {
            {"--schedule", "zb1p", "--stages", "3", "--chunks", "6"},
            {"--schedule", "zbv", "--stages", "4", "--virtual-stages", "2", "--chunks", "4"}}) {
     std::ostringstream out;
-    const TrainReport report =
-        train(parse_train_config(tiny_model_flags(data) + std::vector<std::string>{"--steps", "4"} +
-                                 flags),
-              out, false);
+    const TrainConfig config = parse_train_config(tiny_model_flags(data) +
+                                                  std::vector<std::string>{"--steps", "4"} + flags);
+    const TrainReport report = train(config, out, false);
+    // The schedule's own bubble: (W - 1) / (M v + W - 1) for GPipe and (interleaved) 1F1B, less
+    // for the zero-bubble schedules.
+    const double W = static_cast<double>(config.stages / config.virtual_stages);
+    const double M = static_cast<double>(config.chunks), v = config.virtual_stages;
+    const double one_f_one_b = (W - 1) / (M * v + W - 1);
+    if (flags[1] == "zb1p" || flags[1] == "zbv") {
+      EXPECT_LT(report.bubble_bound, one_f_one_b - 0.01) << flags[1];
+      EXPECT_GE(report.bubble_bound, 0) << flags[1];
+    } else {
+      EXPECT_NEAR(report.bubble_bound, one_f_one_b, 1e-12) << flags[1];
+    }
     if (first.empty()) {
       first = report.losses;
       continue;

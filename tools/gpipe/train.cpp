@@ -7,6 +7,7 @@
 
 #include <gpipe/balance/balance.h>
 #include <gpipe/memory.h>
+#include <gpipe/schedule/predict.h>
 #include <gpipe/schedule/runtime.h>
 #include <gpipe/schedule/schedule_file.h>
 #include <gpipe/trace.h>
@@ -347,19 +348,6 @@ torch::nn::Sequential make_model(const TrainConfig& c, models::CharGPTOptions& o
   return saved.model;
 }
 
-namespace {
-
-// Whose bubble bound the summary prints: (W - 1) / (M v + W - 1) is that of GPipe, 1F1B and
-// interleaved 1F1B; the other schedules are measured against 1F1B's (v = 1) or interleaved
-// 1F1B's.
-std::string bound_name(const TrainConfig& c) {
-  const bool own = !c.custom_schedule && (c.schedule == "gpipe" || c.schedule == "1f1b" ||
-                                          c.schedule == "interleaved_1f1b");
-  return own ? "schedule" : c.virtual_stages == 1 ? "1F1B's" : "interleaved 1F1B's";
-}
-
-}  // namespace
-
 TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   memory::install_tracking_cpu_allocator();
   torch::manual_seed(static_cast<uint64_t>(c.seed));
@@ -435,10 +423,11 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   const std::vector<trace::Event>& kept = summary.kept;
 
   report.bubble_fraction = summary.steady.bubble_fraction();
-  const int64_t M = std::min(c.chunks, c.batch_size);
-  const int64_t workers = c.stages / c.virtual_stages;
-  report.bubble_bound =
-      static_cast<double>(workers - 1) / static_cast<double>(M * c.virtual_stages + workers - 1);
+  // The bubble of the schedule itself: predicted with equal stages and free messages. For GPipe
+  // and (interleaved) 1F1B that is (W - 1) / (M v + W - 1).
+  report.bubble_bound = schedule::predict(pipeline->schedule(std::min(c.chunks, c.batch_size)),
+                                          schedule::ActionCosts::unit(c.stages))
+                            .bubble_fraction;
 
   if (!c.trace.empty()) {
     write_file(c.trace, [&](std::ostream& o) { trace::write_chrome_trace(kept, o); });
@@ -477,8 +466,8 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
     if (!summary.devices[s].is_cpu()) out << " (" << summary.devices[s] << ")";
   }
   std::snprintf(line, sizeof(line),
-                "\nbubble: %.1f%% of worker time idle (%s bound %.1f%%); %lld tasks traced\n",
-                100 * report.bubble_fraction, bound_name(c).c_str(), 100 * report.bubble_bound,
+                "\nbubble: %.1f%% of worker time idle (schedule bound %.1f%%); %lld tasks traced\n",
+                100 * report.bubble_fraction, 100 * report.bubble_bound,
                 static_cast<long long>(report.traced_tasks));
   out << line;
   if (!c.trace.empty()) {

@@ -76,7 +76,7 @@ struct TrainReport {
   double samples_per_second = 0;
   std::vector<int64_t> peak_bytes_per_stage;  // allocated by each stage's tasks (on rank 0: all)
   double bubble_fraction = 0;                 // measured, over steps after the first
-  double bubble_bound = 0;                    // (S - 1) / (M + S - 1) for one stage per worker
+  double bubble_bound = 0;                    // the schedule's own, with equal stages
   int64_t traced_tasks = 0;                   // events in the trace
 };
 

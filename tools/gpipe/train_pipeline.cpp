@@ -80,6 +80,9 @@ class ThreadPipeline final : public TrainPipeline {
   at::Tensor step(const at::Tensor& input, const at::Tensor& target) override {
     return pipeline_.step(input, target);
   }
+  schedule::Schedule schedule(int64_t num_microbatches) override {
+    return pipeline_.schedule(num_microbatches);
+  }
   std::vector<at::Tensor> parameters() override { return model_->parameters(); }
   bool reports() const override { return true; }
   std::string workers() const override {
@@ -143,6 +146,9 @@ class RankPipeline final : public TrainPipeline {
 
   at::Tensor step(const at::Tensor& input, const at::Tensor& target) override {
     return pipeline_.step(input, target);
+  }
+  schedule::Schedule schedule(int64_t num_microbatches) override {
+    return pipeline_.schedule(num_microbatches);
   }
   std::vector<at::Tensor> parameters() override {
     std::vector<at::Tensor> result;

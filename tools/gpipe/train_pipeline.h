@@ -8,6 +8,7 @@
 
 #include "train.h"
 
+#include <gpipe/schedule/action.h>
 #include <gpipe/trace.h>
 
 #include <ATen/core/Tensor.h>
@@ -43,6 +44,8 @@ class TrainPipeline {
 
   /// One training step (forward and backward of every micro-batch); the loss, on every rank.
   virtual at::Tensor step(const at::Tensor& input, const at::Tensor& target) = 0;
+  /// The schedule a step of `num_microbatches` micro-batches runs.
+  virtual schedule::Schedule schedule(int64_t num_microbatches) = 0;
   /// The parameters this process trains.
   virtual std::vector<at::Tensor> parameters() = 0;
   /// Whether this process prints progress and the summary (threads, or rank 0).
