@@ -1,10 +1,13 @@
 #include "clock_alignment.h"
 
+#include "detail/message_of.h"
+#include "failure_monitor.h"
+
 #include <c10/util/Exception.h>
 
 #include <cstdio>
 #include <limits>
-#include <vector>
+#include <thread>
 
 namespace gpipe {
 namespace distributed {
@@ -19,53 +22,82 @@ double microseconds(Clock::duration duration) {
   return std::chrono::duration<double, std::micro>(duration).count();
 }
 
-// The value of `key` once it is set, at most `timeout` later.
-std::string await(c10d::Store& store, const std::string& key, std::chrono::milliseconds timeout,
-                  int64_t rank, int64_t peer) {
-  try {
-    store.wait({key}, timeout);
-    const std::vector<uint8_t> value = store.get(key);
-    return std::string(value.begin(), value.end());
-  } catch (const c10::Error& error) {
-    TORCH_CHECK(false, "rank ", rank, " got no answer from rank ", peer, " within ",
-                timeout.count() / 1000.0,
-                " s while aligning the ranks' clocks: ", error.what_without_backtrace());
-  }
-  return {};  // not reached
-}
+// The store calls of one rank's alignment, their failures explained.
+class Exchange {
+ public:
+  Exchange(BoundedStore& store, const Environment& environment, std::chrono::milliseconds timeout)
+      : store_(store), environment_(environment), timeout_(timeout) {}
 
-void set(c10d::Store& store, const std::string& key, const std::string& value) {
-  store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
-}
+  void set(const std::string& key, const std::string& value) {
+    call([&] { store_.set(key, value); });
+  }
+
+  // The value of `key` once `peer` has set it; `seen`, when the key was seen there. Polls (a
+  // bounded store cannot wait for a key): the answer is seen at most a poll late, which only
+  // widens the round trip it ends.
+  std::string await(const std::string& key, int64_t peer, Clock::time_point* seen = nullptr) {
+    const auto deadline = Clock::now() + timeout_;
+    for (bool present = false; !present;) {
+      call([&] { present = store_.check(key); });
+      if (present) {
+        if (seen != nullptr) *seen = Clock::now();
+        break;
+      }
+      TORCH_CHECK(Clock::now() < deadline, "rank ", environment_.rank, " got no answer from rank ",
+                  peer, " within ", timeout_.count(), " ms while aligning the ranks' clocks");
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    std::string value;
+    call([&] { value = store_.get(key); });
+    return value;
+  }
+
+ private:
+  template <typename Function>
+  void call(const Function& function) {
+    try {
+      function();
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, lost_store_message(environment_, detail::message_of(e)), " while rank ",
+                  environment_.rank, " aligned its clock");
+    }
+  }
+
+  BoundedStore& store_;
+  const Environment& environment_;
+  std::chrono::milliseconds timeout_;
+};
 
 }  // namespace
 
-TimelineOrigin align_clocks(c10d::Store& store, const std::string& name, int64_t rank,
-                            int64_t world_size, std::chrono::milliseconds timeout) {
+TimelineOrigin align_clocks(BoundedStore& store, const Environment& environment,
+                            const std::string& name, std::chrono::milliseconds timeout) {
   const auto key = [&](int64_t r, int k, const char* what) {
     return "gpipe/clock/" + name + "/" + std::to_string(r) + "/" + std::to_string(k) + "/" + what;
   };
+  Exchange exchange(store, environment, timeout);
+  const int64_t rank = environment.rank;
   if (rank == 0) {
     // One rank at a time: a rank's round trip never waits for rank 0 to answer another.
     const Clock::time_point origin = Clock::now();
     for (int k = 0; k < kTries; ++k) {
-      for (int64_t r = 1; r < world_size; ++r) {
-        set(store, key(r, k, "turn"), "");
-        await(store, key(r, k, "ask"), timeout, 0, r);
+      for (int64_t r = 1; r < environment.world_size; ++r) {
+        exchange.set(key(r, k, "turn"), "");
+        exchange.await(key(r, k, "ask"), r);
         char reading[64];
         std::snprintf(reading, sizeof(reading), "%.17g", microseconds(Clock::now() - origin));
-        set(store, key(r, k, "answer"), reading);
+        exchange.set(key(r, k, "answer"), reading);
       }
     }
     return {origin, 0};
   }
   TimelineOrigin best{Clock::now(), std::numeric_limits<double>::infinity()};
   for (int k = 0; k < kTries; ++k) {
-    await(store, key(rank, k, "turn"), timeout, rank, 0);
+    exchange.await(key(rank, k, "turn"), 0);
     const Clock::time_point asked = Clock::now();
-    set(store, key(rank, k, "ask"), "");
-    const double reading_us = std::stod(await(store, key(rank, k, "answer"), timeout, rank, 0));
-    const Clock::time_point answered = Clock::now();
+    exchange.set(key(rank, k, "ask"), "");
+    Clock::time_point answered;  // the answer was there; reading its value adds nothing
+    const double reading_us = std::stod(exchange.await(key(rank, k, "answer"), 0, &answered));
     const double half_trip_us = microseconds(answered - asked) / 2;
     if (half_trip_us < best.uncertainty_us) {
       // Rank 0 read `reading_us` at the middle of the round trip, give or take half of it.
@@ -74,7 +106,6 @@ TimelineOrigin align_clocks(c10d::Store& store, const std::string& name, int64_t
                         std::chrono::duration<double, std::micro>(reading_us));
       best.uncertainty_us = half_trip_us;
     }
-    for (const char* what : {"turn", "ask", "answer"}) store.deleteKey(key(rank, k, what));
   }
   return best;
 }

@@ -10,10 +10,15 @@
 // of each other; across machines the bound holds at the moment of aligning, and the machines'
 // clocks drift apart by their rate difference after.
 //
+// The ranks align before they declare themselves connected, so no rank is still aligning when
+// another starts stepping; every store call is bounded (bounded_store.h), so a lost or frozen
+// store is rank 0's failure, named, not a hang.
+//
 // Internal to PipelineStage (pipeline_stage.cpp).
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
+#include "bounded_store.h"
+#include "gpipe/distributed/environment.h"
 
 #include <chrono>
 #include <cstdint>
@@ -28,11 +33,12 @@ struct TimelineOrigin {
   double uncertainty_us = 0;
 };
 
-/// Every rank of `world_size` calls it at once, with the same `name` (its keys in `store`, used
-/// once). Waits at most `timeout` for each answer; throws c10::Error naming the rank that did
-/// not answer.
-TimelineOrigin align_clocks(c10d::Store& store, const std::string& name, int64_t rank,
-                            int64_t world_size, std::chrono::milliseconds timeout);
+/// Every rank of `environment` calls it at once, with the same `name` (its keys in `store`, used
+/// once). Waits at most `timeout` for each answer. Throws c10::Error naming rank 0 (or
+/// torchrun's agent) where the store is lost or frozen, and the rank that did not answer in
+/// time.
+TimelineOrigin align_clocks(BoundedStore& store, const Environment& environment,
+                            const std::string& name, std::chrono::milliseconds timeout);
 
 }  // namespace distributed
 }  // namespace gpipe

@@ -20,6 +20,17 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
+std::string lost_store_message(const Environment& environment, const std::string& error) {
+  const std::string address =
+      environment.master_addr + ":" + std::to_string(environment.master_port);
+  if (environment.agent_store) {
+    return "the store torchrun's agent serves at " + address +
+           " is lost or frozen (did the agent stop?) [" + error + "]";
+  }
+  return "rank 0 failed: the store it serves at " + address +
+         " is lost or frozen (did the process die or stop?) [" + error + "]";
+}
+
 FailureMonitor::FailureMonitor(const ProcessGroup& group, std::string keys,
                                std::chrono::milliseconds timeout,
                                std::chrono::milliseconds poll_interval,
@@ -76,7 +87,7 @@ void FailureMonitor::explain_failed_wait(const std::string& what, int64_t peer,
       record(out.str(), silent);
     }
   } catch (const std::exception& e) {
-    adopt(store_failure(detail::message_of(e)));
+    adopt(lost_store_message(environment_, detail::message_of(e)));
   }
 }
 
@@ -113,17 +124,6 @@ int64_t FailureMonitor::silent_rank(int64_t peer, std::string& why) {
   return r;
 }
 
-std::string FailureMonitor::store_failure(const std::string& error) const {
-  const std::string address =
-      environment_.master_addr + ":" + std::to_string(environment_.master_port);
-  if (environment_.agent_store) {
-    return "the store torchrun's agent serves at " + address +
-           " is lost or frozen (did the agent stop?) [" + error + "]";
-  }
-  return "rank 0 failed: the store it serves at " + address +
-         " is lost or frozen (did the process die or stop?) [" + error + "]";
-}
-
 void FailureMonitor::barrier(const std::string& name, std::chrono::milliseconds timeout) {
   const std::string barrier_key = keys_ + "barrier/" + name;
   const auto deadline = Clock::now() + timeout;
@@ -132,8 +132,8 @@ void FailureMonitor::barrier(const std::string& name, std::chrono::milliseconds 
     try {
       return store_.add(barrier_key, value);
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, store_failure(detail::message_of(e)), " while rank ", environment_.rank,
-                  " waited for every rank to reach '", name, "'");
+      TORCH_CHECK(false, lost_store_message(environment_, detail::message_of(e)), " while rank ",
+                  environment_.rank, " waited for every rank to reach '", name, "'");
     }
   };
   add(1);
@@ -258,7 +258,7 @@ void FailureMonitor::watch() {
       published = now;
       if (auto found = lookup()) adopt(*found);
     } catch (const std::exception& e) {
-      adopt(store_failure(detail::message_of(e)));
+      adopt(lost_store_message(environment_, detail::message_of(e)));
     }
     lock.lock();
   }

@@ -43,6 +43,10 @@
 namespace gpipe {
 namespace distributed {
 
+/// What a lost or frozen store means, for a rank of `environment`: rank 0 failed (it serves the
+/// store), or under torchrun the agent stopped. `error` is what the store call threw.
+std::string lost_store_message(const Environment& environment, const std::string& error);
+
 class FailureMonitor {
  public:
   /// Starts the watcher. `keys` prefixes every key; `timeout` bounds each store call, and is
@@ -90,7 +94,6 @@ class FailureMonitor {
   // The rank that made a wait for `peer` time out; `why` says how it was found.
   int64_t silent_rank(int64_t peer, std::string& why);
   // The failure of rank 0 when its store is lost or frozen (`error`: what the call said).
-  std::string store_failure(const std::string& error) const;
   std::string key(const std::string& name, int64_t rank) const;
 
   Environment environment_;

@@ -107,10 +107,10 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
         group, P, "replicas_of_transport" + std::to_string(group.transports->load()),
         options_.rendezvous_timeout());
   }
-  // The store and this transport's number, for the clock alignment once every rank is connected.
-  const c10::intrusive_ptr<c10d::Store> store = group.store;
+  // The store and this transport's number, for the clock alignment.
+  BoundedStore store(group.store, options_.timeout());
+  const Environment environment = group.environment;
   const std::string timeline = "transport" + std::to_string(group.transports->load());
-  const int64_t world_size = group.world_size();
   schedules_ =
       std::make_unique<detail::ScheduleCache>(options_.schedule(), P, num_stages_,
                                               /*queue_capacity=*/0, options_.custom_schedule());
@@ -123,16 +123,17 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
                                                    .device(device));
   // Fails early for a schedule that cannot run these stages.
   schedules_->prepare();
+  // Every rank aligns its clock, traced or not (rank 0 answers the others whatever its own
+  // options), before the barrier: no rank is still aligning when another steps.
+  const TimelineOrigin origin =
+      align_clocks(store, environment, timeline, options_.rendezvous_timeout());
+  if (const auto& tracer = options_.tracer()) {
+    tracer->join_timeline(rank, origin.origin, origin.uncertainty_us);
+  }
   // No step starts before every rank has connected: a rank that dies later is seen through its
   // closed connections, never waited for by a rank still connecting (which only the rendezvous
   // timeout would end).
   transport_->barrier("connected", options_.rendezvous_timeout());
-  // Every rank aligns, traced or not: rank 0 answers the others whatever its own options.
-  const TimelineOrigin origin =
-      align_clocks(*store, timeline, rank, world_size, options_.rendezvous_timeout());
-  if (const auto& tracer = options_.tracer()) {
-    tracer->join_timeline(rank, origin.origin, origin.uncertainty_us);
-  }
 }
 
 PipelineStage::~PipelineStage() = default;

@@ -15,8 +15,8 @@
 // derives the number of micro-batches from the batch size.
 //
 // Tracing: a tracer in the options joins the ranks' timeline (trace.h) as this rank, its clock
-// aligned with rank 0's through the store when every rank has connected (to within half a store
-// round trip, typically tens of microseconds on one machine; Tracer::clock_uncertainty_us says).
+// aligned with rank 0's through the store as the ranks connect (to within half the round trip of
+// a few store calls: 0.1-0.4 ms on one machine; Tracer::clock_uncertainty_us says).
 // Each rank's trace file then merges with the others' into one timeline (`gpipe trace merge`).
 //
 // Failures: an exception on any rank makes step() throw c10::Error on every rank, naming the rank
