@@ -159,10 +159,10 @@ TEST_F(DistributedHostsTest, CutLinkIsNamedWithinTimeout) {
   std::chrono::steady_clock::time_point cut;
   const auto codes = run_on_hosts(
       hosts_, dir, "--schedule 1f1b --chunks 4 --steps 100000000 --timeout-ms 5000", [&] {
-        // Both ranks started and stepping: a second after the later start.
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-        while ((testing::read_text(dir + "/start_time_rank0").empty() ||
-                testing::read_text(dir + "/start_time_rank1").empty()) &&
+        // Both ranks connected and stepping: two seconds after the later is connected.
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+        while ((testing::read_text(dir + "/connected_time_rank0").empty() ||
+                testing::read_text(dir + "/connected_time_rank1").empty()) &&
                std::chrono::steady_clock::now() < deadline) {
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }

@@ -191,9 +191,10 @@ TEST(DistributedPipelineTest, EachRankTracesItsActionsOnOneTimeline) {
     std::ifstream clock(launch.dir + "/clock_rank" + std::to_string(r) + ".txt");
     ASSERT_TRUE(clock >> origin_us[r] >> uncertainty_us[r]) << "rank " << r;
   }
-  EXPECT_EQ(uncertainty_us[0], 0);  // rank 0's clock is the timeline's
+  // Rank 0's clock is the timeline's; the other's uncertainty is a round trip through the store,
+  // whose length depends on the machine's load (0.1 ms idle, 100 ms seen under CI's).
+  EXPECT_EQ(uncertainty_us[0], 0);
   EXPECT_GT(uncertainty_us[1], 0);
-  EXPECT_LT(uncertainty_us[1], 100e3);
   // 1 µs more for reading the two clocks one after the other.
   EXPECT_LE(std::abs(origin_us[1] - origin_us[0]), uncertainty_us[1] + 1)
       << "origins " << origin_us[0] << " and " << origin_us[1] << " us";

@@ -10,7 +10,8 @@
 // Trains one step (or N on the same batch, gradients adding up) of the model of
 // distributed_model.h (W x V stages of even layers) and writes DIR/loss_rank<r>.pt and
 // DIR/grads_stage<s>_replica<d>.pt (the gradients of the stage's parameters, in order; with D
-// replicas, replica d trains on the d-th slice of the batch); DIR/start_time_rank<r> (ms since the
+// replicas, replica d trains on the d-th slice of the batch); DIR/start_time_rank<r> and, once
+// its PipelineStage is built (every rank connected), DIR/connected_time_rank<r> (ms since the
 // epoch); DIR/ok_rank<r> on success, or DIR/error_rank<r> with the message, DIR/error_time_rank<r>
 // with when it came, and exit status 1. With --fail-rank R, stage R (on rank R) ends in a trap
 // that, on the second micro-batch, throws, SIGKILLs its own process, sleeps for an hour, SIGSTOPs
@@ -135,6 +136,8 @@ int main(int argc, char** argv) {
             .timeout(std::chrono::milliseconds(timeout_ms))
             .rendezvous_timeout(std::chrono::milliseconds(rendezvous_timeout_ms))
             .tracer(trace != 0 ? std::make_shared<gpipe::trace::Tracer>() : nullptr));
+    write_text(out + "/connected_time" + suffix,
+               std::to_string(gpipe::testing::milliseconds_since_epoch()));
     if (fail_mode == "kill-connected" && rank == fail_rank && failing_attempt) {
       gpipe::testing::say_when("killing");
       raise(SIGKILL);

@@ -7,7 +7,9 @@
 
 #include <cstdio>
 #include <limits>
+#include <numeric>
 #include <thread>
+#include <vector>
 
 namespace gpipe {
 namespace distributed {
@@ -15,8 +17,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Tries per rank: the shortest round trip of these sets the uncertainty.
+// Tries per rank: the shortest round trip sets the uncertainty. Where the store is slow (1.13's
+// takes tens of ms a call) tries stop after the budget: each would cost as much and gain little.
 constexpr int kTries = 8;
+constexpr auto kBudget = std::chrono::milliseconds(50);
 
 double microseconds(Clock::duration duration) {
   return std::chrono::duration<double, std::micro>(duration).count();
@@ -78,24 +82,32 @@ TimelineOrigin align_clocks(BoundedStore& store, const Environment& environment,
   Exchange exchange(store, environment, timeout);
   const int64_t rank = environment.rank;
   if (rank == 0) {
-    // One rank at a time: a rank's round trip never waits for rank 0 to answer another.
+    // One rank at a time: a rank's round trip never waits for rank 0 to answer another. A rank
+    // says when it asks for the last time.
     const Clock::time_point origin = Clock::now();
-    for (int k = 0; k < kTries; ++k) {
-      for (int64_t r = 1; r < environment.world_size; ++r) {
+    std::vector<int64_t> asking(environment.world_size - 1);
+    std::iota(asking.begin(), asking.end(), 1);
+    for (int k = 0; !asking.empty(); ++k) {
+      std::vector<int64_t> again;
+      for (const int64_t r : asking) {
         exchange.set(key(r, k, "turn"), "");
-        exchange.await(key(r, k, "ask"), r);
+        const std::string ask = exchange.await(key(r, k, "ask"), r);
         char reading[64];
         std::snprintf(reading, sizeof(reading), "%.17g", microseconds(Clock::now() - origin));
         exchange.set(key(r, k, "answer"), reading);
+        if (ask != "last") again.push_back(r);
       }
+      asking = std::move(again);
     }
     return {origin, 0};
   }
-  TimelineOrigin best{Clock::now(), std::numeric_limits<double>::infinity()};
-  for (int k = 0; k < kTries; ++k) {
+  const Clock::time_point start = Clock::now();
+  TimelineOrigin best{start, std::numeric_limits<double>::infinity()};
+  for (int k = 0;; ++k) {
+    const bool last = k + 1 >= kTries || Clock::now() - start >= kBudget;
     exchange.await(key(rank, k, "turn"), 0);
     const Clock::time_point asked = Clock::now();
-    exchange.set(key(rank, k, "ask"), "");
+    exchange.set(key(rank, k, "ask"), last ? "last" : "more");
     Clock::time_point answered;  // the answer was there; reading its value adds nothing
     const double reading_us = std::stod(exchange.await(key(rank, k, "answer"), 0, &answered));
     const double half_trip_us = microseconds(answered - asked) / 2;
@@ -106,6 +118,7 @@ TimelineOrigin align_clocks(BoundedStore& store, const Environment& environment,
                         std::chrono::duration<double, std::micro>(reading_us));
       best.uncertainty_us = half_trip_us;
     }
+    if (last) break;
   }
   return best;
 }

@@ -5,8 +5,8 @@
 // measures its offset to rank 0 through the store, as NTP does over a network: it notes its
 // clock (t1), asks, rank 0 answers with its own clock's reading, and it notes its clock again
 // (t2). Rank 0 read its clock somewhere between t1 and t2, so taking the middle is off by at
-// most half the round trip; of several tries the shortest round trip is kept, and half of it is
-// the uncertainty. Ranks on one machine share one steady clock and come out within that bound
+// most half the round trip; of up to 8 tries (fewer where the store is slow) the shortest round
+// trip is kept, and half of it is the uncertainty. Ranks on one machine share one steady clock and come out within that bound
 // of each other; across machines the bound holds at the moment of aligning, and the machines'
 // clocks drift apart by their rate difference after.
 //
