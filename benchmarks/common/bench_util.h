@@ -16,6 +16,7 @@
 #include <dlfcn.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -122,6 +123,17 @@ inline void set_blas_threads(int threads) {
 /// True where set_blas_threads can set a count.
 inline bool blas_threads_settable() {
   return dlsym(RTLD_DEFAULT, "openblas_set_num_threads") != nullptr;
+}
+
+/// Runs `command` under sh, its stderr with its stdout into `output`; returns its exit code (-1
+/// where it did not exit or could not start).
+inline int run_command(const std::string& command, std::string* output) {
+  std::FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return -1;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output->append(buffer, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 /// A port of 127.0.0.1 that nothing listens on now (the kernel picks it), for a benchmark's

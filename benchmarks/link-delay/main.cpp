@@ -21,7 +21,6 @@
 #include "gpipe/schedule/predict.h"
 
 #include <signal.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <atomic>
@@ -43,16 +42,6 @@ constexpr int kBatch = 32, kChunks = 4, kSteps = 30;
 // Set by SIGINT or SIGTERM: the benchmark stops after the run in progress and removes the link.
 std::atomic<bool> interrupted{false};
 
-// Runs a command; returns its exit code (-1 where it did not exit) and output.
-int capture(const std::string& command, std::string* output) {
-  std::FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return -1;
-  char buffer[4096];
-  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output->append(buffer, n);
-  const int status = pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 // Runs gpipe train as rank h of 2 on host h of the link, and returns rank 0's samples/s; 0, with
 // both ranks' output in `error`, where a rank fails.
 double train(const DelayedLink& link, const std::string& flags, int port, std::string* error) {
@@ -66,7 +55,7 @@ double train(const DelayedLink& link, const std::string& flags, int port, std::s
         " WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 GROUP_RANK=" + rank +
         " MASTER_ADDR=" + link.address(0) + " MASTER_PORT=" + std::to_string(port) +
         " GLOO_SOCKET_IFNAME=" + link.interface(h) + " " + GPIPE_COMMAND + flags;
-    ranks.emplace_back([&, h, command] { codes[h] = capture(command, &outputs[h]); });
+    ranks.emplace_back([&, h, command] { codes[h] = run_command(command, &outputs[h]); });
   }
   for (auto& rank : ranks) rank.join();
   std::smatch match;

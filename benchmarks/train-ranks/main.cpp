@@ -29,13 +29,8 @@ struct Run {
 
 // Runs a command and reads the numbers of gpipe train's summary from its output.
 Run run(const std::string& command) {
-  std::FILE* pipe = popen((command + " 2>&1").c_str(), "r");
   std::string output;
-  char buffer[4096];
-  for (size_t n; pipe && (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) {
-    output.append(buffer, n);
-  }
-  if (!pipe || pclose(pipe) != 0) {
+  if (run_command(command, &output) != 0) {
     std::fprintf(stderr, "train_ranks: '%s' failed:\n%s\n", command.c_str(), output.c_str());
     std::exit(1);
   }
