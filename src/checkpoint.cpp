@@ -1,5 +1,6 @@
 #include "gpipe/checkpoint.h"
 
+#include "detail/autocast_state.h"
 #include "detail/dependency.h"
 #include "detail/phony.h"
 
@@ -121,6 +122,7 @@ struct CheckpointState : torch::CustomClassHolder {
   bool output_atomic = true;
   c10::Device device{c10::kCPU};
   RngStates rng_states;
+  AutocastState autocast;  // the forward's, for the recomputation
   // Set by Recompute's backward, taken by Checkpoint's.
   c10::optional<std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>> recomputed;
 };
@@ -137,7 +139,10 @@ struct Checkpoint : torch::autograd::Function<Checkpoint> {
                                c10::intrusive_ptr<CheckpointState> state, at::TensorList input) {
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     state->rng_states = save_rng_states(state->device);
+    state->autocast = AutocastState::current();
     Batch output = [&] {
+      // No cast cached under no-grad (autocast_state.h).
+      UseAutocast autocast(state->autocast);
       EnableCheckpointing flag;
       return state->function(make_batch(input.vec(), state->input_atomic));
     }();
@@ -190,6 +195,8 @@ struct Recompute : torch::autograd::Function<Recompute> {
     for (const auto& x : input) leaves.push_back(x.detach().requires_grad_(x.requires_grad()));
 
     RestoredRngStates rng(state->device, state->rng_states);
+    // As the forward ran, whether or not backward runs under autocast (torch.utils.checkpoint).
+    UseAutocast autocast(state->autocast);
     torch::autograd::AutoGradMode enable_grad(true);
     EnableRecomputing flag;
     Batch output = state->function(make_batch(leaves, state->input_atomic));

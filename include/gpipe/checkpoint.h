@@ -4,9 +4,10 @@
 // Checkpointing::checkpoint() runs the function under no-grad inside a Checkpoint autograd node
 // (diagram [2] in src/detail/pipeline.h); Checkpointing::recompute() hangs a Recompute node beside
 // the output with fork/join (diagram [4]), so that in backward Recompute runs first: it restores
-// the random number generators to their state at forward time (so dropout draws the same masks),
-// runs the function again with grad, and hands the result to Checkpoint, whose backward then
-// differentiates it re-entrantly.
+// the random number generators to their state at forward time (so dropout draws the same masks)
+// and the forward's autocast settings (amp/autocast.h; backward may run outside autocast), runs
+// the function again with grad, and hands the result to Checkpoint, whose backward then
+// differentiates it re-entrantly. Neither pass caches autocast's weight casts.
 //
 // Thread safety: checkpoint() may run on a worker thread and recompute() on another; the two
 // nodes then run in backward, ordered by fork/join, so their shared state needs no lock.

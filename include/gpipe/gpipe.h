@@ -1,8 +1,11 @@
 // gpipe: pipeline parallelism for LibTorch. Include this for the whole public API: the GPipe
 // module, the explicit-schedule engine on threads (schedule/) and across processes
-// (distributed/), skip connections, balancing, memory statistics and traces.
+// (distributed/), mixed precision (amp/), skip connections, balancing, memory statistics and
+// traces.
 #pragma once
 
+#include "gpipe/amp/autocast.h"
+#include "gpipe/amp/grad_scaler.h"
 #include "gpipe/balance/balance.h"
 #include "gpipe/balance/block_partition.h"
 #include "gpipe/balance/profile.h"

@@ -67,7 +67,7 @@ Completion DeviceThread::take() { return queues_->out.pop(); }
 Completion execute(Task task) {
   Completion done{std::move(task), c10::nullopt, nullptr};
   try {
-    at::ThreadLocalStateGuard caller_state(*done.task.caller);
+    UseCallerState caller_state(*done.task.caller);
     UseStream use_stream(done.task.stream);
     done.batch = done.task.compute();
   } catch (...) {

@@ -14,9 +14,9 @@
 // Exceptions never escape the device thread: they come back from take() as Completion::error.
 #pragma once
 
+#include "detail/caller_state.h"
 #include "gpipe/microbatch.h"
 
-#include <ATen/ThreadLocalState.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 #include <c10/util/Optional.h>
@@ -35,7 +35,7 @@ struct Task {
   c10::Stream stream{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
   std::function<Batch()> compute;
   std::function<void(Batch&)> finalize;
-  std::shared_ptr<const at::ThreadLocalState> caller;
+  std::shared_ptr<const CallerState> caller;
 };
 
 /// The outcome of one task: its batch, or the exception it threw.
@@ -45,8 +45,8 @@ struct Completion {
   std::exception_ptr error;
 };
 
-/// Runs `task` on the calling thread as a device thread would: under task.caller's thread-local
-/// state with task.stream current, catching any exception into the completion.
+/// Runs `task` on the calling thread as a device thread would: under task.caller's state
+/// (caller_state.h) with task.stream current, catching any exception into the completion.
 Completion execute(Task task);
 
 /// One thread bound to one device.

@@ -58,7 +58,7 @@ Pipeline::Pipeline(std::vector<Batch>& batches, std::vector<torch::nn::Sequentia
       device_threads_(std::move(threads)),
       checkpoint_stop_(checkpoint_stop),
       skip_layout_(std::move(skip_layout)),
-      caller_(std::make_shared<at::ThreadLocalState>()),
+      caller_(std::make_shared<CallerState>()),
       tracer_(std::move(tracer)),
       step_(step) {
   for (const auto& device : devices_) compute_streams_.push_back(current_stream(device));

@@ -105,7 +105,7 @@ class Pipeline {
   std::shared_ptr<const skip::SkipLayout> skip_layout_;
   // One per micro-batch when the model has skips, else empty.
   std::vector<std::shared_ptr<skip::SkipTrackerThroughPortals>> skip_trackers_;
-  std::shared_ptr<const at::ThreadLocalState> caller_;
+  std::shared_ptr<const CallerState> caller_;
   std::shared_ptr<trace::Tracer> tracer_;
   int64_t step_;
 };

@@ -1,6 +1,6 @@
 #include "gpipe/distributed/data_parallel.h"
 
-#include "detail/message_of.h"
+#include "distributed/all_reduce.h"
 
 #include <ATen/Functions.h>
 #include <c10/util/Exception.h>
@@ -25,26 +25,13 @@ ReplicaGroup::ReplicaGroup(const ProcessGroup& world, int64_t pipeline_size,
 }
 
 void ReplicaGroup::all_reduce(std::vector<at::Tensor*> tensors, bool average) {
-  if (!group_ || tensors.empty()) return;
-  std::vector<at::Tensor> flat_parts;
-  for (at::Tensor* t : tensors) {
-    TORCH_INTERNAL_ASSERT(t->defined(), "all_reduce needs defined tensors");
-    flat_parts.push_back(t->detach().reshape({-1}).to(at::kDouble));
-  }
-  std::vector<at::Tensor> flat{at::cat(flat_parts)};
-  try {
-    group_->allreduce(flat)->wait();
-  } catch (const std::exception& error) {
-    TORCH_CHECK(false, "the all-reduce among replicas ", c10::Join(", ", ranks_), " (group '",
-                name_, "') failed: ", detail::message_of(error));
-  }
-  if (average) flat[0].div_(static_cast<double>(size()));
-  int64_t at = 0;
-  for (at::Tensor* t : tensors) {
-    const int64_t n = t->numel();
-    t->detach().copy_(flat[0].narrow(0, at, n).view(t->sizes()));
-    at += n;
-  }
+  if (!group_) return;
+  std::vector<at::Tensor> handles;
+  for (at::Tensor* t : tensors) handles.push_back(*t);
+  detail::all_reduce(*group_, handles, c10d::ReduceOp::SUM,
+                     average ? static_cast<double>(size()) : 1.0,
+                     c10::str("the all-reduce among replicas ", c10::Join(", ", ranks_),
+                              " (group '", name_, "')"));
 }
 
 }  // namespace distributed

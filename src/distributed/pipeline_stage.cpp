@@ -1,13 +1,20 @@
 #include "gpipe/distributed/pipeline_stage.h"
 
 #include "clock_alignment.h"
+#include "distributed/rank_parameters.h"
+#include "failure_monitor.h"
 
+#include "detail/autocast_state.h"
 #include "exact.h"
 #include "schedule/engine.h"
+#include "schedule/gradient_norm.h"
+#include "schedule/pipeline_parameters.h"
+#include "schedule/set_aside_gradients.h"
 #include "split.h"
 
 #include "detail/message_of.h"
 #include "detail/stream.h"
+#include "gpipe/amp/grad_scaler.h"
 #include "gpipe/schedule/run_actions.h"
 
 #include <ATen/Functions.h>
@@ -20,6 +27,7 @@
 #include <chrono>
 #include <exception>
 #include <map>
+#include <optional>
 #include <utility>
 
 namespace gpipe {
@@ -94,6 +102,11 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
   auto parts = detail::split_by_balance(module, balance);
   const skip::SkipLayout skips = skip::inspect_skip_layout(parts);
   const schedule::Placement placement = options_.placement();
+  auto parameters = detail::pipeline_parameters(parts);
+  std::vector<int64_t> rank_of_stage;  // in this rank's replica
+  for (const auto s : c10::irange(num_stages_)) {
+    rank_of_stage.push_back(rank / P * P + schedule::worker_of(placement, s, P));
+  }
   for (const auto s : c10::irange(num_stages_)) {
     if (schedule::worker_of(placement, s, P) != rank % P) continue;
     parts[s]->to(device);
@@ -101,16 +114,20 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
                                                         options_.checkpoint(), &skips));
     by_index_[s] = stages_.back().get();
   }
+  // Named after the transport that comes next, which is numbered alike on every rank.
+  const std::string transport_name = "transport" + std::to_string(group.transports->load());
   if (options_.data_parallel() > 1) {
-    // Named after the transport that comes next, which is numbered alike on every rank.
-    replicas_ = std::make_unique<ReplicaGroup>(
-        group, P, "replicas_of_transport" + std::to_string(group.transports->load()),
-        options_.rendezvous_timeout());
+    replicas_ = std::make_unique<ReplicaGroup>(group, P, "replicas_of_" + transport_name,
+                                               options_.rendezvous_timeout());
   }
+  parameters_ = std::make_unique<RankParameters>(
+      group, std::move(parameters), std::move(rank_of_stage),
+      "parameters_of_" + transport_name + "/replica" + std::to_string(rank / P),
+      options_.rendezvous_timeout());
   // The store and this transport's number, for the clock alignment.
   BoundedStore store(group.store, options_.timeout());
   const Environment environment = group.environment;
-  const std::string timeline = "transport" + std::to_string(group.transports->load());
+  const std::string timeline = transport_name;
   schedules_ =
       std::make_unique<detail::ScheduleCache>(options_.schedule(), P, num_stages_,
                                               /*queue_capacity=*/0, options_.custom_schedule());
@@ -130,10 +147,26 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
   if (const auto& tracer = options_.tracer()) {
     tracer->join_timeline(rank, origin.origin, origin.uncertainty_us);
   }
+  // A tie whose copies differ is named by its ranks in the store, and refused by every rank
+  // once all have compared.
+  const std::string differing_ties = "gpipe/" + transport_name + "/differing_tied_copies";
+  const std::string differing = parameters_->differing_tied_copies();
+  if (!differing.empty()) {
+    store.set(differing_ties, differing);
+  }
   // No step starts before every rank has connected: a rank that dies later is seen through its
   // closed connections, never waited for by a rank still connecting (which only the rendezvous
   // timeout would end).
   transport_->barrier("connected", options_.rendezvous_timeout());
+  if (!parameters_->model_has_ties_across_ranks()) return;
+  bool differs = false;
+  try {
+    differs = store.check(differing_ties);
+  } catch (const std::exception& error) {
+    TORCH_CHECK(false, lost_store_message(environment, detail::message_of(error)), " while rank ",
+                rank, " looked for tied parameters whose copies differ");
+  }
+  TORCH_CHECK_VALUE(!differs, store.get(differing_ties));
 }
 
 PipelineStage::~PipelineStage() = default;
@@ -156,10 +189,41 @@ const schedule::Schedule& PipelineStage::schedule(int64_t num_microbatches) {
 }
 
 at::Tensor PipelineStage::step(const Batch& input, const Batch& target) {
+  return run(input, &target, /*training=*/true).loss;
+}
+
+schedule::Evaluation PipelineStage::evaluate(const Batch& input) {
+  return run(input, nullptr, /*training=*/false);
+}
+
+schedule::Evaluation PipelineStage::evaluate(const Batch& input, const Batch& target) {
+  return run(input, &target, /*training=*/false);
+}
+
+std::vector<at::Tensor> PipelineStage::parameters() const { return parameters_->local(); }
+
+double PipelineStage::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
+  detail::check_clip_options(max_norm, norm_type);
+  return parameters_->clip_grad_norm(max_norm, norm_type, error_if_nonfinite);
+}
+
+void PipelineStage::expect_receives(const std::vector<schedule::Action>& actions) {
+  std::map<std::pair<int64_t, int64_t>, int64_t> receives;  // per (from, to) stage
+  for (const auto& a : actions) {
+    const int64_t from = a.kind == schedule::ActionKind::kRecvActivation ? a.stage - 1
+                         : a.kind == schedule::ActionKind::kRecvGradient ? a.stage + 1
+                                                                         : -1;
+    // A message from a stage of this rank never reaches the transport (run_actions.h).
+    if (from >= 0 && by_index_[from] == nullptr) ++receives[{from, a.stage}];
+  }
+  for (const auto& [edge, count] : receives) transport_->expect(edge.first, edge.second, count);
+}
+
+schedule::Evaluation PipelineStage::run(const Batch& input, const Batch* target, bool training) {
   const int64_t last_rank = transport_->rank_of(num_stages_ - 1);
   const int64_t first_rank = transport_->rank_of(0);
-  at::Tensor total;
-  double communication_seconds = 0;  // in the replicas' all-reduce
+  schedule::Evaluation result;
+  double collective_seconds = 0;  // in all-reduces after the schedule
   transport_->reset_communication_seconds();
   transport_->begin_step();
   if (options_.intra_op_threads() > 0) {
@@ -167,67 +231,85 @@ at::Tensor PipelineStage::step(const Batch& input, const Batch& target) {
   }
   trace::UseTracer use_tracer(options_.tracer().get(), rank(), steps_++);
   try {
+    if (training) detail::check_training_mode();
     const detail::StepBatches batches =
         detail::split_step(input, target, options_.chunks(), options_.loss_reduction());
     const int64_t M = batches.size();
-    const schedule::Schedule& plan = schedule(M);
-    for (auto& stage : stages_) stage->begin_step(M);
+    const std::shared_ptr<amp::GradScaler> scaler = training ? options_.grad_scaler() : nullptr;
+    const schedule::Schedule& plan = training ? schedule(M) : schedules_->forward_only(M);
+    for (auto& stage : stages_) stage->begin_step(M, scaler ? scaler->scale() : 1.0);
     // Every receive of the step is posted ahead of need, so a sender never waits for this rank.
     const auto& actions = plan.actions[rank() % pipeline_size()];
-    std::map<std::pair<int64_t, int64_t>, int64_t> receives;  // per (from, to) stage
-    for (const auto& a : actions) {
-      const int64_t from = a.kind == schedule::ActionKind::kRecvActivation ? a.stage - 1
-                           : a.kind == schedule::ActionKind::kRecvGradient ? a.stage + 1
-                                                                           : -1;
-      // A message from a stage of this rank never reaches the transport (run_actions.h).
-      if (from >= 0 && by_index_[from] == nullptr) ++receives[{from, a.stage}];
+    expect_receives(actions);
+    schedule::StepInputs inputs = batches.with(loss_);
+    std::vector<Batch> outputs;
+    if (!training) {
+      outputs.assign(M, Batch(at::Tensor()));
+      inputs.outputs = &outputs;
     }
-    for (const auto& [edge, count] : receives) transport_->expect(edge.first, edge.second, count);
+    // The step's own gradients are summed over ties and unscaled (set_aside_gradients.h).
+    std::optional<detail::SetAsideGradients> accumulated;
+    if (training && (scaler || parameters_->has_tied())) accumulated.emplace(parameters_->local());
     // The loss travels as (value, dtype) in double precision.
     at::Tensor message = at::empty({2}, at::kDouble);
-    if (rank() != last_rank) transport_->post_recv_from_rank(last_rank, message);
+    if (target != nullptr && rank() != last_rank) {
+      transport_->post_recv_from_rank(last_rank, message);
+    }
     std::vector<at::Tensor> losses(M);
-    schedule::run_actions(actions, by_index_, *transport_, batches.with(loss_), losses);
-    if (rank() == last_rank) {
-      total = detail::total_loss(losses);
-      message[0] = total.item<double>();
-      message[1] = static_cast<double>(total.scalar_type());
+    {
+      detail::UseAutocast no_cast_cache(detail::AutocastState::current());
+      schedule::run_actions(actions, by_index_, *transport_, inputs, losses);
+    }
+    if (target != nullptr && rank() == last_rank) {
+      result.loss = detail::total_loss(losses);
+      message[0] = result.loss.item<double>();
+      message[1] = static_cast<double>(result.loss.scalar_type());
       for (const auto r : c10::irange(first_rank, first_rank + pipeline_size())) {
         if (r != rank()) transport_->send_to_rank(message, r);
       }
-    } else {
+    } else if (target != nullptr) {
       transport_->recv_from_rank(last_rank, message);
-      total = at::scalar_tensor(message[0].item<double>(),
-                                static_cast<c10::ScalarType>(message[1].item<double>()));
+      result.loss = at::scalar_tensor(message[0].item<double>(),
+                                      static_cast<c10::ScalarType>(message[1].item<double>()));
     }
     transport_->flush();
+    if (!training && rank() == last_rank) result.output = gather(outputs);
+    const auto start = std::chrono::steady_clock::now();
+    if (training && parameters_->has_tied()) parameters_->sum_tied_gradients();
     if (replicas_) {
       // Each replica's gradients and loss, averaged: those of the mean over all their batches.
-      const auto start = std::chrono::steady_clock::now();
-      at::Tensor replica_loss = total.detach().to(at::kDouble).reshape({1});
-      std::vector<at::Tensor*> tensors{&replica_loss};
-      for (auto& stage : stages_) {
-        for (auto& p : stage->module()->parameters()) {
-          if (!p.requires_grad()) continue;
-          if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-          tensors.push_back(&p.mutable_grad());
-        }
+      at::Tensor replica_loss;
+      std::vector<at::Tensor*> tensors;
+      if (result.loss.defined()) {
+        replica_loss = result.loss.detach().to(at::kDouble).reshape({1});
+        tensors.push_back(&replica_loss);
+      }
+      std::vector<at::Tensor> parameters =
+          training ? parameters_->local() : std::vector<at::Tensor>{};
+      for (auto& p : parameters) {
+        if (!p.requires_grad()) continue;
+        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+        tensors.push_back(&p.mutable_grad());
       }
       replicas_->all_reduce(tensors, options_.loss_reduction() == schedule::LossReduction::kMean);
-      total = replica_loss[0].to(total.scalar_type());
-      communication_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (result.loss.defined()) result.loss = replica_loss[0].to(result.loss.scalar_type());
     }
+    if (scaler) {
+      scaler->unscale(parameters_->local(), [&](bool found) { return parameters_->any(found); });
+    }
+    accumulated.reset();
+    collective_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } catch (const std::exception& error) {
-    last_communication_seconds_ = transport_->communication_seconds() + communication_seconds;
-    last_transfer_seconds_ = transport_->transfer_seconds() + communication_seconds;
+    last_communication_seconds_ = transport_->communication_seconds() + collective_seconds;
+    last_transfer_seconds_ = transport_->transfer_seconds() + collective_seconds;
     transport_->report_failure(detail::message_of(error));
     for (auto& stage : stages_) stage->clear();
     throw;
   }
-  last_communication_seconds_ = transport_->communication_seconds() + communication_seconds;
-  last_transfer_seconds_ = transport_->transfer_seconds() + communication_seconds;
-  return total;
+  last_communication_seconds_ = transport_->communication_seconds() + collective_seconds;
+  last_transfer_seconds_ = transport_->transfer_seconds() + collective_seconds;
+  return result;
 }
 
 }  // namespace distributed

@@ -4,6 +4,7 @@
 #include "gpipe/skip/layout.h"
 #include "gpipe/skip/skippable.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
@@ -11,6 +12,12 @@
 
 namespace gpipe {
 namespace detail {
+
+void check_training_mode() {
+  TORCH_CHECK_VALUE(at::GradMode::is_enabled(),
+                    "step() trains, which needs grad mode, but it was called under no-grad or "
+                    "inference mode (evaluate() runs the forwards only)");
+}
 
 skip::SkipLayout verify_skips(const std::vector<torch::nn::Sequential>& stages) {
   // Stashes and pops pair up across the pipeline as in the whole model, its layers numbered as
@@ -23,16 +30,19 @@ skip::SkipLayout verify_skips(const std::vector<torch::nn::Sequential>& stages) 
   return skip::inspect_skip_layout(stages);
 }
 
-StepBatches split_step(const Batch& input, const Batch& target, int64_t chunks,
+StepBatches split_step(const Batch& input, const Batch* target, int64_t chunks,
                        schedule::LossReduction reduction) {
   check(input);
-  check(target);
   const int64_t N = input[0].size(0);
-  TORCH_CHECK_VALUE(target[0].size(0) == N, "input and target must have the same batch size, but ",
-                    "the input has ", N, " and the target ", target[0].size(0));
-  StepBatches step{scatter(input, chunks), scatter(target, chunks), {}};
+  StepBatches step{scatter(input, chunks), {}, {}};
   const int64_t M = step.size();
-  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(step.targets.size()) == M);
+  if (target != nullptr) {
+    check(*target);
+    TORCH_CHECK_VALUE((*target)[0].size(0) == N, "input and target must have the same batch size, ",
+                      "but the input has ", N, " and the target ", (*target)[0].size(0));
+    step.targets = scatter(*target, chunks);
+    TORCH_INTERNAL_ASSERT(static_cast<int64_t>(step.targets.size()) == M);
+  }
   step.scales.assign(M, 1.0);
   if (reduction == schedule::LossReduction::kMean) {
     for (const auto i : c10::irange(M)) {
@@ -80,6 +90,25 @@ const schedule::Schedule& ScheduleCache::get(int64_t num_microbatches) {
   const int64_t capacity = queue_capacity_ > 0 ? queue_capacity_ : num_microbatches;
   schedule::validate(s, schedule::ValidateOptions().queue_capacity(capacity));
   return schedules_.emplace(num_microbatches, std::move(s)).first->second;
+}
+
+const schedule::Schedule& ScheduleCache::forward_only(int64_t num_microbatches) {
+  auto it = forward_only_.find(num_microbatches);
+  if (it != forward_only_.end()) return it->second;
+  schedule::Schedule s = get(num_microbatches);
+  for (auto& actions : s.actions) {
+    std::vector<schedule::Action> kept;
+    for (const auto& a : actions) {
+      if (a.kind == schedule::ActionKind::kForward ||
+          a.kind == schedule::ActionKind::kSendActivation ||
+          a.kind == schedule::ActionKind::kRecvActivation) {
+        kept.push_back(a);
+      }
+    }
+    actions = std::move(kept);
+  }
+  schedule::validate(s, schedule::ValidateOptions().forward_only(true));
+  return forward_only_.emplace(num_microbatches, std::move(s)).first->second;
 }
 
 }  // namespace detail

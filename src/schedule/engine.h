@@ -26,6 +26,10 @@
 namespace gpipe {
 namespace detail {
 
+/// Throws c10::ValueError unless the calling thread is in grad mode: a training step needs it
+/// (under no-grad or inference mode, evaluate() runs forwards only).
+void check_training_mode();
+
 /// The layout of the skip connections of `stages` (each stage gets its routes from it). Throws
 /// c10::TypeError for stashes and pops that do not pair up across the pipeline.
 skip::SkipLayout verify_skips(const std::vector<torch::nn::Sequential>& stages);
@@ -33,7 +37,7 @@ skip::SkipLayout verify_skips(const std::vector<torch::nn::Sequential>& stages);
 /// One step's micro-batches of the input and of the target, and the scale of each one's loss.
 struct StepBatches {
   std::vector<Batch> inputs;
-  std::vector<Batch> targets;
+  std::vector<Batch> targets;  // none in an evaluation without targets
   std::vector<double> scales;
 
   int64_t size() const { return static_cast<int64_t>(inputs.size()); }
@@ -43,9 +47,10 @@ struct StepBatches {
 };
 
 /// Splits `input` and `target` into at most `chunks` micro-batches; under kMean each one's loss
-/// is scaled by its share of the batch (runtime.h). Throws c10::ValueError for a bad batch or
-/// batches of different sizes.
-StepBatches split_step(const Batch& input, const Batch& target, int64_t chunks,
+/// is scaled by its share of the batch (runtime.h). Without a target (an evaluation that only
+/// computes outputs), `targets` stays empty. Throws c10::ValueError for a bad batch or batches of
+/// different sizes.
+StepBatches split_step(const Batch& input, const Batch* target, int64_t chunks,
                        schedule::LossReduction reduction);
 
 /// The loss of the whole batch: the sum of the micro-batches' scaled losses.
@@ -64,6 +69,10 @@ class ScheduleCache {
   /// unless it is the custom schedule's.
   const schedule::Schedule& get(int64_t num_microbatches);
 
+  /// The schedule of an evaluation of `num_microbatches` micro-batches: get()'s forwards and
+  /// their messages, in its order (with every send unbounded, a part of a valid schedule runs).
+  const schedule::Schedule& forward_only(int64_t num_microbatches);
+
   /// Makes the schedule of the fewest micro-batches it runs (or the custom one): fails early,
   /// before any step, for stages the schedule cannot run.
   void prepare() {
@@ -77,6 +86,7 @@ class ScheduleCache {
   int64_t num_stages_;
   int64_t queue_capacity_;
   std::map<int64_t, schedule::Schedule> schedules_;
+  std::map<int64_t, schedule::Schedule> forward_only_;
 };
 
 }  // namespace detail

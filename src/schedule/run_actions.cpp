@@ -1,5 +1,6 @@
 #include "gpipe/schedule/run_actions.h"
 
+#include "detail/autocast_state.h"
 #include "gpipe/memory.h"
 #include "gpipe/trace.h"
 
@@ -121,6 +122,13 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
     std::optional<memory::ScopedTag> tag;
     if (a.stage < memory::kMaxTags) tag.emplace(a.stage);
     trace::TraceSpan span(trace_name(a.kind), a.stage, i);
+    // Backwards run outside autocast, as PyTorch's recipe runs loss.backward(); a recomputation
+    // inside them restores its forward's settings (checkpoint.h).
+    std::optional<detail::UseAutocast> no_autocast;
+    if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput ||
+        a.kind == ActionKind::kBackwardWeight) {
+      no_autocast.emplace(detail::AutocastState{});
+    }
     switch (a.kind) {
       case ActionKind::kRecvActivation:
         if (runs(a.stage - 1)) {
@@ -132,7 +140,19 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
       case ActionKind::kForward: {
         Batch input = stage.is_first() ? step.inputs[i] : take(received_inputs, key(a), a);
         const SkipTensors popped = recv_skips(a.stage, stage.skip_pops(), i);
-        if (stage.is_last()) {
+        if (step.outputs != nullptr) {
+          SkipTensors stashed;
+          Batch output = stage.forward_only(i, input, popped, &stashed);
+          if (!stage.is_last()) {
+            outputs.emplace(key(a), std::move(output));
+            send_skips(a.stage, stage.skip_stashes(), std::move(stashed), i);
+            break;
+          }
+          if (!step.targets.empty()) {
+            losses[i] = stage.loss(output, step.targets[i], step.loss, step.scales[i]);
+          }
+          (*step.outputs)[i] = std::move(output);
+        } else if (stage.is_last()) {
           losses[i] =
               stage.forward_loss(i, input, step.targets[i], step.loss, step.scales[i], popped);
         } else {

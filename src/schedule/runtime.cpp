@@ -1,17 +1,26 @@
 #include "gpipe/schedule/runtime.h"
 
+#include "detail/caller_state.h"
 #include "engine.h"
+#include "schedule/gradient_norm.h"
+#include "schedule/pipeline_parameters.h"
+#include "schedule/set_aside_gradients.h"
+#include "schedule/tied_gradients.h"
 #include "split.h"
 
+#include "gpipe/amp/grad_scaler.h"
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/thread_transport.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
+#include <torch/nn/utils/clip_grad.h>
 
 #include <exception>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -45,10 +54,20 @@ PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, Lo
     TORCH_CHECK_VALUE(stages[s] && !stages[s]->is_empty(), "stage ", s, " has no layers");
   }
   const skip::SkipLayout skips = detail::verify_skips(stages);
+  const auto parameters = detail::pipeline_parameters(stages);
+  detail::check_tied_devices(parameters, devices);
+  parameters_ = detail::tensors_of(parameters);
+  std::vector<at::Tensor> tied;
+  for (const auto& p : parameters) {
+    if (p.tied()) tied.push_back(p.tensor);
+  }
   for (const auto s : c10::irange(S)) {
     stages[s]->to(devices[s]);
     stages_.push_back(std::make_unique<Stage>(s, S, std::move(stages[s]), devices[s],
                                               options_.checkpoint(), &skips));
+  }
+  if (!tied.empty()) {
+    tied_gradients_ = std::make_unique<detail::TiedGradients>(std::move(tied), num_workers_);
   }
   schedules_ = std::make_unique<detail::ScheduleCache>(
       options_.schedule(), num_workers_, S, options_.queue_capacity(), options_.custom_schedule());
@@ -97,24 +116,20 @@ void PipelineSchedule::run_worker(int64_t worker, const Schedule& schedule, cons
   run_actions(schedule.actions[worker], stages, transport, step, losses);
 }
 
-at::Tensor PipelineSchedule::step(const Batch& input, const Batch& target) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const detail::StepBatches batches =
-      detail::split_step(input, target, options_.chunks(), options_.loss_reduction());
-  const int64_t M = batches.size();
-  const Schedule& chosen = schedules_->get(M);
-  ThreadTransport transport(num_stages(),
-                            options_.queue_capacity() > 0 ? options_.queue_capacity() : M);
-  for (auto& stage : stages_) stage->begin_step(M);
-
-  std::vector<at::Tensor> losses(M);
+void PipelineSchedule::run_workers(const Schedule& schedule, const StepInputs& step,
+                                   std::vector<at::Tensor>& losses, int64_t queue_capacity) {
+  ThreadTransport transport(num_stages(), queue_capacity);
+  const detail::CallerState caller;
   std::mutex error_mutex;
   std::exception_ptr error;  // the first failure, guarded by error_mutex
   std::vector<std::thread> threads;
   for (const auto w : c10::irange(num_workers_)) {
     threads.emplace_back([&, w] {
       try {
-        run_worker(w, chosen, batches.with(loss_), losses, transport);
+        detail::UseCallerState caller_state(caller);
+        std::optional<detail::TiedGradients::UseWorker> worker;
+        if (tied_gradients_) worker.emplace(*tied_gradients_, w);
+        run_worker(w, schedule, step, losses, transport);
       } catch (...) {
         {
           std::lock_guard<std::mutex> guard(error_mutex);
@@ -128,9 +143,62 @@ at::Tensor PipelineSchedule::step(const Batch& input, const Batch& target) {
   ++steps_;
   if (error) {
     for (auto& stage : stages_) stage->clear();
+    if (tied_gradients_) tied_gradients_->discard();
     std::rethrow_exception(error);
   }
+}
+
+at::Tensor PipelineSchedule::step(const Batch& input, const Batch& target) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  detail::check_training_mode();
+  const detail::StepBatches batches =
+      detail::split_step(input, &target, options_.chunks(), options_.loss_reduction());
+  const int64_t M = batches.size();
+  const Schedule& chosen = schedules_->get(M);
+  const auto& scaler = options_.grad_scaler();
+  for (auto& stage : stages_) stage->begin_step(M, scaler ? scaler->scale() : 1.0);
+  std::vector<at::Tensor> losses(M);
+  {
+    // With a scaler, the step's own gradients are unscaled and checked.
+    detail::SetAsideGradients accumulated(scaler ? parameters_ : std::vector<at::Tensor>{});
+    run_workers(chosen, batches.with(loss_), losses,
+                options_.queue_capacity() > 0 ? options_.queue_capacity() : M);
+    if (tied_gradients_) tied_gradients_->finish();
+    if (scaler) scaler->unscale(parameters_);
+  }
   return detail::total_loss(losses);
+}
+
+Evaluation PipelineSchedule::evaluate(const Batch& input) { return run_evaluation(input, nullptr); }
+
+Evaluation PipelineSchedule::evaluate(const Batch& input, const Batch& target) {
+  return run_evaluation(input, &target);
+}
+
+Evaluation PipelineSchedule::run_evaluation(const Batch& input, const Batch* target) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const detail::StepBatches batches =
+      detail::split_step(input, target, options_.chunks(), options_.loss_reduction());
+  const int64_t M = batches.size();
+  const Schedule& chosen = schedules_->forward_only(M);
+  for (auto& stage : stages_) stage->begin_step(M);
+  std::vector<at::Tensor> losses(M);
+  std::vector<Batch> outputs(M, Batch(at::Tensor()));
+  StepInputs step = batches.with(loss_);
+  step.outputs = &outputs;
+  run_workers(chosen, step, losses, M);
+  Evaluation result;
+  result.output = gather(outputs);
+  if (target != nullptr) result.loss = detail::total_loss(losses);
+  return result;
+}
+
+std::vector<at::Tensor> PipelineSchedule::parameters() const { return parameters_; }
+
+double PipelineSchedule::clip_grad_norm(double max_norm, double norm_type,
+                                        bool error_if_nonfinite) {
+  detail::check_clip_options(max_norm, norm_type);
+  return torch::nn::utils::clip_grad_norm_(parameters_, max_norm, norm_type, error_if_nonfinite);
 }
 
 }  // namespace schedule

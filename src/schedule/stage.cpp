@@ -5,6 +5,7 @@
 #include "gpipe/skip/tracker.h"
 #include "gpipe/trace.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -83,14 +84,24 @@ Stage::Stage(int64_t index, int64_t num_stages, torch::nn::Sequential module, c1
   });
 }
 
-void Stage::begin_step(int64_t num_microbatches) {
+void Stage::begin_step(int64_t num_microbatches, double loss_scale) {
   TORCH_CHECK_VALUE(num_microbatches > 0, "a step needs at least one micro-batch, but got ",
                     num_microbatches);
   num_microbatches_ = num_microbatches;
+  loss_scale_ = loss_scale;
   max_live_ = static_cast<int64_t>(pending_.size());
   if (module_->is_training()) {
     for (const auto& deferred : deferred_batch_norms_) deferred->begin_minibatch(num_microbatches);
   }
+}
+
+Batch Stage::on_device(const Batch& input) const {
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(input.size());
+  for (const auto& x : input) tensors.push_back(x.defined() ? x.to(device_) : x);
+  Batch batch = input;
+  batch.set_tensors(std::move(tensors));
+  return batch;
 }
 
 Batch Stage::prepare_input(const Batch& input) const {
@@ -189,23 +200,37 @@ Batch Stage::forward(int64_t microbatch, const Batch& input, const SkipTensors& 
   return sent;
 }
 
+at::Tensor Stage::loss(const Batch& output, const Batch& target, const LossFunction& loss,
+                       double scale) const {
+  at::Tensor value = loss(output, on_device(target));
+  TORCH_CHECK_VALUE(value.defined() && value.numel() == 1,
+                    "the loss function must return a scalar, but returned a tensor of shape ",
+                    value.defined() ? value.sizes() : at::IntArrayRef{});
+  return scale == 1.0 ? value.reshape({}) : value.reshape({}) * scale;
+}
+
 at::Tensor Stage::forward_loss(int64_t microbatch, const Batch& input, const Batch& target,
                                const LossFunction& loss, double scale, const SkipTensors& popped) {
   TORCH_INTERNAL_ASSERT(is_last());
   Pending pending = run(microbatch, input, popped);
-  const Batch& output = pending.output;
-  std::vector<at::Tensor> targets;
-  for (const auto& t : target) targets.push_back(t.to(device_));
-  Batch moved = target;
-  moved.set_tensors(std::move(targets));
-  at::Tensor value = loss(output, moved);
-  TORCH_CHECK_VALUE(value.defined() && value.numel() == 1,
-                    "the loss function must return a scalar, but returned a tensor of shape ",
-                    value.defined() ? value.sizes() : at::IntArrayRef{});
-  at::Tensor scaled = scale == 1.0 ? value.reshape({}) : value.reshape({}) * scale;
+  at::Tensor scaled = this->loss(pending.output, target, loss, scale);
   pending.output = Batch(scaled);
   keep(microbatch, std::move(pending));
   return scaled.detach();
+}
+
+Batch Stage::forward_only(int64_t microbatch, const Batch& input, const SkipTensors& popped,
+                          SkipTensors* stashed) {
+  TORCH_CHECK_VALUE(popped.size() == skip_pops_.size(), "stage ", index_, " pops ",
+                    skip_pops_.size(), " skip(s) of earlier stages, but got ", popped.size(),
+                    " tensor(s) for micro-batch ", microbatch);
+  at::NoGradGuard no_grad;
+  SkipTensors stashed_here;
+  Batch output =
+      call_with_skips(module_, on_device(input), skip_pops_, on_device(Batch(popped)).tensors(),
+                      skip_stashes_, &stashed_here, "stage " + std::to_string(index_));
+  if (stashed != nullptr) *stashed = std::move(stashed_here);
+  return output;
 }
 
 Stage::Pending& Stage::find_pending(int64_t microbatch, const char* what) {
@@ -231,7 +256,7 @@ void Stage::backward_roots(int64_t microbatch, const Pending& pending, const Bat
   if (is_last()) {
     if (pending.output[0].requires_grad()) {
       outputs->push_back(pending.output[0]);
-      grads->push_back(at::ones_like(pending.output[0]));
+      grads->push_back(at::full_like(pending.output[0], loss_scale_));
     }
     return;
   }

@@ -26,6 +26,7 @@ class Simulation {
       : schedule_(schedule),
         capacity_(options.queue_capacity()),
         worker_names_(options.worker_names()),
+        forward_only_(options.forward_only()),
         S_(schedule.num_stages),
         M_(schedule.num_microbatches),
         forwarded_(S_ * M_, false),
@@ -63,6 +64,7 @@ class Simulation {
   const Schedule& schedule_;
   const int64_t capacity_;
   const std::vector<std::string> worker_names_;
+  const bool forward_only_;
   const int64_t S_;
   const int64_t M_;
   // backwarded_: the input gradient is computed (Backward or BackwardInput); weighted_: the
@@ -107,6 +109,10 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
   const int64_t s = a.stage;
   const int64_t i = a.microbatch;
   const size_t k = index(s, i);
+  TORCH_CHECK_VALUE(!forward_only_ || a.kind == ActionKind::kForward ||
+                        a.kind == ActionKind::kSendActivation ||
+                        a.kind == ActionKind::kRecvActivation,
+                    where(w, pc), "a forward-only schedule has no backwards or gradients");
   switch (a.kind) {
     case ActionKind::kForward:
       TORCH_CHECK_VALUE(!forwarded_[k], where(w, pc), "micro-batch ", i,
@@ -115,7 +121,7 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         "uses the activation of micro-batch ", i,
                         " before it arrives (no RecvActivation of it before)");
       forwarded_[k] = true;
-      max_pending_[s] = std::max(max_pending_[s], ++pending_[s]);
+      if (!forward_only_) max_pending_[s] = std::max(max_pending_[s], ++pending_[s]);
       return Step::kRan;
     case ActionKind::kBackward:
     case ActionKind::kBackwardInput:
@@ -221,6 +227,7 @@ Timeline Simulation::run() {
     for (const auto i : c10::irange(M_)) {
       const size_t k = index(s, i);
       if (!forwarded_[k]) never_runs({ActionKind::kForward, i, s});
+      if (forward_only_) continue;
       if (!backwarded_[k]) {
         never_runs({split_ ? ActionKind::kBackwardInput : ActionKind::kBackward, i, s});
       }

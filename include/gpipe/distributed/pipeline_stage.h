@@ -14,6 +14,15 @@
 // size): the first stage's rank reads the input, the last stage's rank the target, and every rank
 // derives the number of micro-batches from the batch size.
 //
+// Training recipes (see runtime.h for threads): every rank computes under its calling thread's
+// autocast settings; a parameter shared by stages on different ranks (tied weights, found by
+// identity in the model every rank builds) has a copy on each of those ranks, checked equal at
+// construction (c10::ValueError naming it and its ranks otherwise) and whose gradients are summed
+// among those ranks after every step, so the copies get the plain model's gradient and stay
+// equal; clip_grad_norm() clips by the norm over every rank's parameters; the grad_scaler option
+// agrees on overflow with every rank; evaluate() runs the forwards only. Give the optimizer
+// parameters(): each of this rank's once.
+//
 // Tracing: a tracer in the options joins the ranks' timeline (trace.h) as this rank, its clock
 // aligned with rank 0's through the store as the ranks connect (to within half the round trip of
 // a few store calls: 0.1-0.4 ms on one machine; Tracer::clock_uncertainty_us says).
@@ -57,6 +66,7 @@
 
 namespace gpipe {
 namespace distributed {
+class RankParameters;  // src/distributed/rank_parameters.h
 
 /// Options for PipelineStage.
 ///
@@ -103,8 +113,8 @@ class PipelineStage {
   /// `module` split into stages of `balance` consecutive layers; this rank keeps its own (the
   /// layers are shared, not copied). Reads the environment (environment.h) and joins the other
   /// ranks (rendezvous.h). Throws c10::ValueError for a bad environment, a balance that does not
-  /// add up to the module's layers, or a number of stages other than
-  /// WORLD_SIZE x stages_per_worker.
+  /// add up to the module's layers, a number of stages other than
+  /// WORLD_SIZE x stages_per_worker, or (on every rank) a tied parameter whose copies differ.
   PipelineStage(const torch::nn::Sequential& module, const std::vector<int64_t>& balance,
                 schedule::LossFunction loss, PipelineStageOptions options);
 
@@ -119,6 +129,24 @@ class PipelineStage {
   /// One training step; see the top of this file. Returns the loss of the whole batch on every
   /// rank, detached. Throws c10::ValueError for a bad batch, c10::Error naming the failed rank.
   at::Tensor step(const Batch& input, const Batch& target);
+
+  /// The forwards only, under no-grad and keeping nothing, in the order of step()'s schedule:
+  /// the loss (with a target) on every rank, averaged over replicas like step()'s, and the
+  /// model's output where the last stage runs. Every rank calls it, with the same batch size.
+  /// Takes the modules as they are (eval() them first for dropout and batch norm).
+  schedule::Evaluation evaluate(const Batch& input);
+  schedule::Evaluation evaluate(const Batch& input, const Batch& target);
+
+  /// This rank's parameters, each once (a tied one once), in the model's order: what its
+  /// optimizer takes.
+  std::vector<at::Tensor> parameters() const;
+
+  /// Clips the gradients of every rank's parameters by their total norm, as
+  /// torch::nn::utils::clip_grad_norm_ clips the plain model's, and returns the norm; a tied
+  /// parameter counts once. Every rank calls it. The total is bitwise the plain model's for the
+  /// same gradients: each parameter's norm comes from one rank and every rank reduces them in the
+  /// model's order. Throws c10::ValueError for a negative max_norm or norm_type.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
 
   int64_t rank() const { return transport_->rank(); }
   int64_t world_size() const { return transport_->world_size(); }
@@ -149,12 +177,18 @@ class PipelineStage {
   const schedule::Schedule& schedule(int64_t num_microbatches);
 
  private:
+  // A training step, or an evaluation.
+  schedule::Evaluation run(const Batch& input, const Batch* target, bool training);
+  // Announces to the transport the receives of `actions` (this rank's).
+  void expect_receives(const std::vector<schedule::Action>& actions);
+
   PipelineStageOptions options_;
   schedule::LossFunction loss_;
   int64_t num_stages_ = 0;
   std::vector<std::unique_ptr<schedule::Stage>> stages_;  // this rank's, in order
   std::vector<schedule::Stage*> by_index_;                // by stage index; null elsewhere
   std::unique_ptr<ReplicaGroup> replicas_;                // with data_parallel > 1
+  std::unique_ptr<RankParameters> parameters_;
   std::unique_ptr<C10dTransport> transport_;
   std::unique_ptr<detail::ScheduleCache> schedules_;
   int64_t steps_ = 0;  // step() calls so far, to name steps in traces

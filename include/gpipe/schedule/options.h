@@ -14,8 +14,13 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 
 namespace gpipe {
+namespace amp {
+class GradScaler;  // amp/grad_scaler.h
+}  // namespace amp
+
 namespace schedule {
 
 /// How the loss function reduces over a micro-batch (runtime.h says what step() returns).
@@ -81,6 +86,15 @@ class ScheduleOptions {
   }
   const std::shared_ptr<trace::Tracer>& tracer() const { return tracer_; }
 
+  /// Loss scaling for float16 (amp/grad_scaler.h): each step scales its losses by the scaler's
+  /// scale, unscales its gradients and agrees with every rank whether any overflowed; the
+  /// training loop then calls the scaler's step(optimizer) and update(). Null for none.
+  /// Default: null.
+  Options& grad_scaler(std::shared_ptr<amp::GradScaler> value) {
+    return grad_scaler_ = std::move(value), self();
+  }
+  const std::shared_ptr<amp::GradScaler>& grad_scaler() const { return grad_scaler_; }
+
   /// The rules of both engines: chunks positive, intra_op_threads not negative, and
   /// check_schedule_options's (stages per worker, checkpointing) with `worker` saying what a
   /// worker is ("worker", "rank"); a custom schedule that splits backwards refuses checkpointing.
@@ -115,6 +129,7 @@ class ScheduleOptions {
   LossReduction loss_reduction_ = LossReduction::kMean;
   int64_t intra_op_threads_;
   std::shared_ptr<trace::Tracer> tracer_;
+  std::shared_ptr<amp::GradScaler> grad_scaler_;
   std::optional<Schedule> custom_schedule_;
 };
 

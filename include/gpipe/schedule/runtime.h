@@ -16,6 +16,19 @@
 //     step() returns the sum.
 // As with loss.backward(), gradients accumulate: zero them between steps.
 //
+// The recipes of real training keep that promise:
+//   - Autocast: every worker runs its stages under the thread-local state of the thread that
+//     called step() (grad mode, autocast and its dtypes; amp/autocast.h), and a checkpoint's
+//     recomputation under that of its forward.
+//   - Tied weights: a parameter that several stages share (an embedding reused as the output
+//     projection) is one tensor whose gradient sums every stage's part: each worker adds up its
+//     own parts, then the workers' sums are added in worker order, so every run (and
+//     PipelineStage on ranks) gives the same bits. Its stages must share a device. parameters()
+//     lists each parameter once: give those to the optimizer.
+//   - Gradient clipping over the whole model: clip_grad_norm().
+//   - Loss scaling for float16: the grad_scaler option (amp/grad_scaler.h).
+//   - Evaluation: evaluate() runs the forwards only, under the same schedule's order.
+//
 // Intra-op threads: each worker calls at::set_num_threads(intra_op_threads) on its own thread.
 // With LibTorch's OpenMP backend that sets the OpenMP thread count of that thread's parallel
 // regions only (an OpenMP ICV per thread), so stages do not steal each other's threads; it also
@@ -42,6 +55,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/util/Optional.h>
 #include <torch/arg.h>
 #include <torch/nn/modules/container/sequential.h>
 
@@ -55,6 +69,7 @@
 namespace gpipe {
 namespace detail {
 class ScheduleCache;
+class TiedGradients;
 }  // namespace detail
 
 namespace schedule {
@@ -78,6 +93,16 @@ struct PipelineScheduleOptions : ScheduleOptions<PipelineScheduleOptions> {
   TORCH_ARG(int64_t, queue_capacity) = 0;
 };
 
+/// What evaluate() returns (both engines).
+struct Evaluation {
+  /// The loss of the whole batch, reduced as step()'s (LossReduction); undefined without a
+  /// target. On every rank.
+  at::Tensor loss;
+  /// The model's output for the whole batch, its micro-batches' outputs gathered; only where the
+  /// last stage runs (other ranks: empty).
+  c10::optional<Batch> output;
+};
+
 /// A model trained with an explicit pipeline schedule.
 class PipelineSchedule {
  public:
@@ -98,8 +123,25 @@ class PipelineSchedule {
   /// One training step on `input` with `target` (split like the input): forward and backward of
   /// every micro-batch in the schedule's order. Returns the loss (see the top of this file),
   /// detached; the parameters' gradients accumulate. Throws c10::ValueError if input and target
-  /// differ in batch size, and rethrows the first exception of any stage.
+  /// differ in batch size or grad mode is off (no-grad, inference mode), and rethrows the first
+  /// exception of any stage.
   at::Tensor step(const Batch& input, const Batch& target);
+
+  /// The forwards of `input`'s micro-batches (in the order step()'s schedule runs them) under
+  /// no-grad, keeping nothing for backward: the model's output and, with a target, the loss as
+  /// step() computes it. Takes the modules as they are: call eval() on them first for dropout
+  /// and batch norm's evaluation behaviour. Throws like step().
+  Evaluation evaluate(const Batch& input);
+  Evaluation evaluate(const Batch& input, const Batch& target);
+
+  /// Every parameter of the stages once (a tied one once), in the model's order: what an
+  /// optimizer takes.
+  std::vector<at::Tensor> parameters() const;
+
+  /// Clips the gradients of parameters() as torch::nn::utils::clip_grad_norm_ clips those of the
+  /// plain model, and returns their total norm. Throws c10::ValueError for a negative max_norm or
+  /// norm_type.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
 
   /// The schedule step() runs for `num_microbatches` micro-batches, validated. Throws
   /// c10::ValueError unless num_microbatches is positive.
@@ -112,15 +154,23 @@ class PipelineSchedule {
   /// The stage module of stage `index`. Throws c10::IndexError out of range.
   torch::nn::Sequential& stage_module(int64_t index);
 
-  /// The most micro-batches whose activations stage `index` held at once in the last step().
+  /// The most micro-batches whose activations stage `index` held at once in the last step() (0
+  /// after an evaluate(), which holds none).
   /// Throws c10::IndexError out of range.
   int64_t max_live_microbatches(int64_t index) const;
 
  private:
+  // Runs every worker of `schedule` on its thread, under the calling thread's state; rethrows
+  // the first failure.
+  void run_workers(const Schedule& schedule, const StepInputs& step,
+                   std::vector<at::Tensor>& losses, int64_t queue_capacity);
   void run_worker(int64_t worker, const Schedule& schedule, const StepInputs& step,
                   std::vector<at::Tensor>& losses, Transport& transport);
+  Evaluation run_evaluation(const Batch& input, const Batch* target);
 
   std::vector<std::unique_ptr<Stage>> stages_;
+  std::vector<at::Tensor> parameters_;                     // each once, in the model's order
+  std::unique_ptr<detail::TiedGradients> tied_gradients_;  // where stages share parameters
   LossFunction loss_;
   PipelineScheduleOptions options_;
   int64_t num_workers_;

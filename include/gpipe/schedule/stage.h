@@ -92,6 +92,17 @@ class Stage {
   at::Tensor forward_loss(int64_t microbatch, const Batch& input, const Batch& target,
                           const LossFunction& loss, double scale, const SkipTensors& popped = {});
 
+  /// Forward of `microbatch` for an evaluation: under no-grad, keeping nothing. Returns the
+  /// output and sets `stashed` to the tensors stashed for later stages, as forward() does, on
+  /// any stage (the last one's output is the model's). Throws like forward().
+  Batch forward_only(int64_t microbatch, const Batch& input, const SkipTensors& popped = {},
+                     SkipTensors* stashed = nullptr);
+
+  /// loss(output, target) * scale, `target` moved to this stage's device. Throws c10::ValueError
+  /// if the loss is not a scalar.
+  at::Tensor loss(const Batch& output, const Batch& target, const LossFunction& loss,
+                  double scale) const;
+
   /// Backward of `microbatch` with the gradient of its output (ignored by the last stage, which
   /// starts at its loss) and of the tensors it stashed for later stages. Returns the gradient of
   /// the input, an undefined tensor for an input without one; nothing for the first stage; sets
@@ -120,8 +131,9 @@ class Stage {
   /// Starts a step of `num_microbatches` micro-batches: the last of them is the one
   /// CheckpointMode::kExceptLast spares (until the first call, none is), the live peak starts
   /// anew, and in training the stage's DeferredBatchNorms (batchnorm.h) commit their statistics
-  /// after that many micro-batches.
-  void begin_step(int64_t num_microbatches);
+  /// after that many micro-batches. The last stage's backwards start from `loss_scale` (a grad
+  /// scaler's, amp/grad_scaler.h) instead of 1.
+  void begin_step(int64_t num_microbatches, double loss_scale = 1.0);
 
  private:
   struct Pending {
@@ -146,6 +158,8 @@ class Stage {
   // (checkpointed or not): everything of a Pending but the gradients' state.
   Pending run(int64_t microbatch, const Batch& input, const SkipTensors& popped);
   Batch prepare_input(const Batch& input) const;
+  // `input` on this stage's device, as it is.
+  Batch on_device(const Batch& input) const;
   void keep(int64_t microbatch, Pending pending);
 
   int64_t index_;
@@ -156,6 +170,7 @@ class Stage {
   std::vector<skip::SkipRoute> skip_pops_;
   std::vector<skip::SkipRoute> skip_stashes_;
   int64_t num_microbatches_ = -1;
+  double loss_scale_ = 1.0;
   std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_batch_norms_;
   std::map<int64_t, Pending> pending_;
   int64_t max_live_ = 0;

@@ -30,6 +30,10 @@ struct ValidateOptions {
   /// What messages call each worker, e.g. "line 3 (worker 1)" for a schedule read from a file;
   /// empty for "worker w". Default: empty.
   TORCH_ARG(std::vector<std::string>, worker_names) = {};
+
+  /// A schedule of forwards only (an evaluation): it has no backwards and sends no gradients,
+  /// and each micro-batch is done with once forwarded. Default: false.
+  TORCH_ARG(bool, forward_only) = false;
 };
 
 /// When each action runs in the simulation.
