@@ -27,8 +27,8 @@ using detail::Task;
 const c10::Device kCpu(c10::kCPU);
 
 // The calling thread's state, for Task::caller.
-std::shared_ptr<const at::ThreadLocalState> here() {
-  return std::make_shared<const at::ThreadLocalState>();
+std::shared_ptr<const detail::CallerState> here() {
+  return std::make_shared<const detail::CallerState>();
 }
 
 Task make_task(std::function<Batch()> compute) {

@@ -2,6 +2,8 @@
 // tests that check its results against the plain model.
 #pragma once
 
+#include "detail/autocast_state.h"
+#include "gpipe/checkpoint.h"
 #include "gpipe/skip/skippable.h"
 
 #include <torch/torch.h>
@@ -11,6 +13,8 @@
 #include <chrono>
 #include <iostream>
 #include <map>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -87,6 +91,35 @@ struct SkipTanhImpl : torch::nn::Module, skip::Skippable {
 };
 TORCH_MODULE(SkipTanh);
 
+// What the Tanh layers of a recording model saw, per layer index: their input's dtype and the
+// autocast settings they ran under ("Float", "BFloat16 under autocast BFloat16"), with
+// " (recomputed)" for a checkpoint's recomputation. Guarded by dtype_log_mutex().
+inline std::map<int64_t, std::set<std::string>>& dtype_log() {
+  static std::map<int64_t, std::set<std::string>> log;
+  return log;
+}
+inline std::mutex& dtype_log_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+// A Tanh that writes what it sees into dtype_log().
+struct RecordingTanhImpl : torch::nn::Module {
+  explicit RecordingTanhImpl(int64_t layer) : layer(layer) {}
+  torch::Tensor forward(torch::Tensor x) {
+    std::string seen = c10::toString(x.scalar_type());
+    if (detail::autocast_enabled(c10::kCPU)) {
+      seen += std::string(" under autocast ") + c10::toString(detail::autocast_dtype(c10::kCPU));
+    }
+    if (is_recomputing()) seen += " (recomputed)";
+    std::lock_guard<std::mutex> lock(dtype_log_mutex());
+    dtype_log()[layer].insert(seen);
+    return torch::tanh(x);
+  }
+  int64_t layer;
+};
+TORCH_MODULE(RecordingTanh);
+
 // The layers of each of `stages` stages, as even as they go.
 inline std::vector<int64_t> distributed_balance(int64_t stages) {
   std::vector<int64_t> balance(stages, kDistributedLayers / stages);
@@ -97,11 +130,12 @@ inline std::vector<int64_t> distributed_balance(int64_t stages) {
 // 8 Linear+Tanh pairs of varying widths in double precision, the same on every rank. With
 // trap_stage >= 0, stage trap_stage ends in a Trap(mode, armed) and `balance` counts it. With
 // `skips`, two skip connections join equal widths, layer 1's output to layer 13's input ("long")
-// and layer 3's to layer 9's ("short"): on 2, 4 and 8 even stages they cross 1 to 6 stages.
+// and layer 3's to layer 9's ("short"): on 2, 4 and 8 even stages they cross 1 to 6 stages. With
+// `recording`, in single precision, and its Tanh layers are RecordingTanh.
 inline torch::nn::Sequential distributed_model(std::vector<int64_t>& balance,
                                                int64_t trap_stage = -1,
                                                const std::string& mode = "", bool armed = false,
-                                               bool skips = false) {
+                                               bool skips = false, bool recording = false) {
   const std::map<int64_t, std::pair<std::string, std::string>> skip_tanh{
       {0, {"long", ""}}, {1, {"short", ""}}, {4, {"", "short"}}, {6, {"", "long"}}};
   torch::manual_seed(0);
@@ -114,6 +148,8 @@ inline torch::nn::Sequential distributed_model(std::vector<int64_t>& balance,
         model->push_back(torch::nn::Linear(widths[k], widths[k + 1]));
       } else if (skips && skip_tanh.count(k)) {
         model->push_back(SkipTanh(skip_tanh.at(k).first, skip_tanh.at(k).second));
+      } else if (recording) {
+        model->push_back(RecordingTanh(2 * k + 1));
       } else {
         model->push_back(torch::nn::Tanh());
       }
@@ -126,8 +162,51 @@ inline torch::nn::Sequential distributed_model(std::vector<int64_t>& balance,
       in_stage = 0;
     }
   }
+  model->to(recording ? torch::kFloat : torch::kDouble);
+  return model;
+}
+
+// A language model's tied weights, small: token ids [B] -> TokenEmbedding [B, C] -> 7 Linear+Tanh
+// pairs -> OutputProjection [B, V], whose weight is the embedding's (logits = x E^T).
+constexpr int64_t kTiedVocabulary = 11;
+constexpr int64_t kTiedWidth = 6;
+
+struct TokenEmbeddingImpl : torch::nn::Module {
+  TokenEmbeddingImpl()
+      : weight(register_parameter("weight", torch::randn({kTiedVocabulary, kTiedWidth}))) {}
+  torch::Tensor forward(torch::Tensor tokens) { return torch::embedding(weight, tokens); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(TokenEmbedding);
+
+struct OutputProjectionImpl : torch::nn::Module {
+  explicit OutputProjectionImpl(torch::Tensor tied) : weight(register_parameter("weight", tied)) {}
+  torch::Tensor forward(torch::Tensor x) { return torch::matmul(x, weight.t()); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(OutputProjection);
+
+// The tied model in double precision, kDistributedLayers layers, the same on every rank: layer 0
+// and the last layer share one parameter.
+inline torch::nn::Sequential tied_model() {
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  TokenEmbedding embedding;
+  model->push_back(embedding);
+  for (int64_t k = 0; k < (kDistributedLayers - 2) / 2; ++k) {
+    model->push_back(torch::nn::Linear(kTiedWidth, kTiedWidth));
+    model->push_back(torch::nn::Tanh());
+  }
+  model->push_back(OutputProjection(embedding->weight));
   model->to(torch::kDouble);
   return model;
+}
+
+// Its batch: 16 token ids and their targets.
+inline std::pair<torch::Tensor, torch::Tensor> tied_batch() {
+  torch::manual_seed(4321);
+  return {torch::randint(kTiedVocabulary, {16}, torch::kLong),
+          torch::randn({16, kTiedVocabulary}, torch::kDouble)};
 }
 
 // The batch of the tests: 10 samples, so 4 micro-batches are uneven (3, 3, 3, 1).

@@ -40,7 +40,55 @@ struct CountingImpl : torch::nn::Module {
   int64_t calls = 0;
 };
 TORCH_MODULE(Counting);
+
+// docs/training.md, "Tied weights".
+struct TiedHeadImpl : torch::nn::Module {
+  explicit TiedHeadImpl(torch::Tensor weight) : weight(register_parameter("weight", weight)) {}
+  torch::Tensor forward(torch::Tensor x) { return torch::matmul(x, weight.t()); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(TiedHead);
 // clang-format on
+
+// docs/training.md: a tied model trained under autocast with a grad scaler, clipped and
+// evaluated; the scaler never overflows in bfloat16 and the loss falls.
+TEST(DocsTest, TrainingRecipesSnippets) {
+  torch::manual_seed(0);
+  // clang-format off
+  torch::nn::Embedding embedding(/*vocabulary=*/256, /*width=*/64);
+  torch::nn::Sequential model(embedding, torch::nn::Linear(64, 64), torch::nn::Tanh(),
+                              TiedHead(embedding->weight));  // the same tensor: tied
+  // clang-format on
+  const schedule::LossFunction mse = [](const Batch& output, const Batch& target) {
+    return torch::mse_loss(output.tensor(), target.tensor());
+  };
+  const torch::Tensor input = torch::randint(256, {32}, torch::kLong);
+  const torch::Tensor target = torch::randn({32, 256}) * 0.1;
+  const torch::Tensor held_out_input = input, held_out_target = target;
+  const double before = torch::mse_loss(model->forward(input), target).item<double>();
+  // clang-format off
+  auto scaler = std::make_shared<gpipe::amp::GradScaler>();  // for float16; bfloat16 needs none
+  gpipe::schedule::PipelineSchedule pipe(
+      model, /*balance=*/{2, 2}, mse,
+      gpipe::schedule::PipelineScheduleOptions(/*chunks=*/4).grad_scaler(scaler));
+  torch::optim::AdamW optimizer(pipe.parameters(), /*lr=*/1e-3);  // each parameter once
+  for (int step = 0; step < 10; ++step) {
+    optimizer.zero_grad();
+    {
+      gpipe::amp::Autocast autocast(torch::kCPU, torch::kBFloat16);
+      pipe.step(input, target);  // forwards under autocast, backwards outside it
+    }
+    pipe.clip_grad_norm(/*max_norm=*/1.0);  // over the whole model
+    scaler->step(optimizer);                // skipped on every rank if any overflowed
+    scaler->update();
+  }
+  model->eval();  // dropout off, batch norm's running statistics
+  gpipe::schedule::Evaluation validation = pipe.evaluate(held_out_input, held_out_target);
+  // clang-format on
+  EXPECT_EQ(pipe.parameters().size(), model->parameters().size() - 1);
+  EXPECT_EQ(scaler->growth_tracker(), 10);
+  EXPECT_LT(validation.loss.item<double>(), before);
+}
 
 TEST(DocsTest, SkipConnectionSnippet) {
   torch::manual_seed(0);
@@ -111,11 +159,7 @@ TEST(DocsTest, CustomScheduleSnippet) {
   gd::PipelineStage pipe(model, /*balance=*/{2, 3}, mse,
                          gd::PipelineStageOptions(/*chunks=*/4).schedule(
                              gpipe::schedule::ScheduleKind::kOneFOneB));
-  std::vector<torch::Tensor> parameters;  // this rank's stages only
-  for (int64_t s : pipe.stage_indices()) {
-    for (auto& p : pipe.stage_module(s)->parameters()) parameters.push_back(p);
-  }
-  torch::optim::SGD optimizer(parameters, /*lr=*/0.05);
+  torch::optim::SGD optimizer(pipe.parameters(), /*lr=*/0.05);  // this rank's, each once
   optimizer.zero_grad();
   torch::Tensor loss = pipe.step(input, target);  // the same batch on every rank; loss on every rank
   optimizer.step();
