@@ -19,12 +19,8 @@ int main() {
           return torch::mse_loss(output.tensor(), target.tensor());
         },
         gd::PipelineStageOptions(/*chunks=*/4).timeout(std::chrono::seconds(30)));
-    std::vector<torch::Tensor> parameters;
-    for (int64_t s : pipe.stage_indices()) {
-      for (auto& p : pipe.stage_module(s)->parameters()) parameters.push_back(p);
-    }
-    torch::optim::SGD optimizer(parameters, /*lr=*/0.05);
-    const torch::Tensor input = torch::randn({64, 16});  // the same batch on every rank
+    torch::optim::SGD optimizer(pipe.parameters(), /*lr=*/0.05);  // this rank's, each once
+    const torch::Tensor input = torch::randn({64, 16});           // the same batch on every rank
     const torch::Tensor target = input.sum(1, /*keepdim=*/true).sin();
     for (int step = 0; step < 20; ++step) {
       optimizer.zero_grad();

@@ -9,7 +9,9 @@ namespace gpipe {
 namespace models {
 namespace {
 
-// Token and position embeddings: bytes [B, T] -> [B, T, C].
+// Token and position embeddings: bytes [B, T] -> [B, T, C]. Drawn from N(0, 0.02) as GPT-2's:
+// the token embedding is also the head's projection, whose logits would start far from uniform
+// with LibTorch's N(0, 1).
 struct EmbeddingImpl : torch::nn::Module {
   explicit EmbeddingImpl(const CharGPTOptions& o)
       : tokens(register_module("tokens", torch::nn::Embedding(o.vocab_size(), o.embedding_dim()))),
@@ -88,17 +90,33 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-// Final norm and the projection to byte logits.
+// Final norm and the projection to byte logits: with `tied`, the token embedding's weight,
+// registered here too (the same tensor), and a bias of its own; its input is scaled by
+// 1/sqrt(width), as T5 does when it ties, so that logits start near uniform with the embedding's
+// N(0, 1) weights.
 struct HeadImpl : torch::nn::Module {
-  explicit HeadImpl(const CharGPTOptions& o)
+  HeadImpl(const CharGPTOptions& o, const torch::Tensor& tied)
       : norm(register_module(
-            "norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embedding_dim()})))),
-        logits(register_module("logits", torch::nn::Linear(o.embedding_dim(), o.vocab_size()))) {}
+            "norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embedding_dim()})))) {
+    if (tied.defined()) {
+      scale = 1.0 / std::sqrt(static_cast<double>(o.embedding_dim()));
+      weight = register_parameter("weight", tied);
+      bias = register_parameter("bias", torch::zeros({o.vocab_size()}));
+    } else {
+      logits = register_module("logits", torch::nn::Linear(o.embedding_dim(), o.vocab_size()));
+    }
+  }
 
-  torch::Tensor forward(const torch::Tensor& x) { return logits(norm(x)); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (logits) return logits(norm(x));
+    return torch::nn::functional::linear(norm(x) * scale, weight, bias);
+  }
 
   torch::nn::LayerNorm norm;
-  torch::nn::Linear logits;
+  torch::nn::Linear logits{nullptr};
+  torch::Tensor weight;
+  torch::Tensor bias;
+  double scale = 1.0;
 };
 TORCH_MODULE(Head);
 
@@ -115,11 +133,13 @@ torch::nn::Sequential char_gpt(const CharGPTOptions& o) {
   TORCH_CHECK_VALUE(o.dropout() >= 0 && o.dropout() < 1, "dropout must be in [0, 1), but got ",
                     o.dropout());
   torch::nn::Sequential model;
-  model->push_back("embedding", Embedding(o));
+  Embedding embedding(o);
+  model->push_back("embedding", embedding);
   for (int64_t k = 0; k < o.num_layers(); ++k) {
     model->push_back("block" + std::to_string(k), Block(o));
   }
-  model->push_back("head", Head(o));
+  model->push_back("head",
+                   Head(o, o.tie_embeddings() ? embedding->tokens->weight : torch::Tensor()));
   return model;
 }
 

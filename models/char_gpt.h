@@ -3,6 +3,9 @@
 //
 //   bytes [B, T] -> Embedding (token + position) -> Block x num_layers -> Head -> logits [B, T, V]
 //
+// As in GPT-2 and T5, the head projects with the token embedding's weight (tie_embeddings): one
+// parameter in the first layer and the last, which a pipeline's first and last stages share.
+//
 // A Block is a pre-norm transformer layer: x + attention(norm(x)), then x + mlp(norm(x)), with
 // causal multi-head self-attention written out (matmul, mask, softmax) so it runs on every
 // LibTorch. Each Block is one layer of the Sequential, so a pipeline cuts between blocks.
@@ -30,6 +33,8 @@ struct CharGPTOptions {
   /// Transformer blocks; the Sequential has num_layers + 2 layers.
   TORCH_ARG(int64_t, num_layers) = 4;
   TORCH_ARG(double, dropout) = 0.0;
+  /// The head's projection is the token embedding's weight; otherwise a Linear of its own.
+  TORCH_ARG(bool, tie_embeddings) = true;
 };
 
 /// The model; its layers take and return one tensor. Throws c10::ValueError for a non-positive

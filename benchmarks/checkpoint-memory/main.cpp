@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
   const auto options = gpipe::models::CharGPTOptions()
                            .num_layers(arg(2, 4))
                            .embedding_dim(arg(3, 128))
-                           .block_size(arg(4, 64));
+                           .block_size(arg(4, 64))
+                           .tie_embeddings(false);  // GPipe refuses parameters shared by partitions
   torch::set_num_threads(1);
   gpipe::memory::install_tracking_cpu_allocator();
   torch::manual_seed(0);

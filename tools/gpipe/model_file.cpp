@@ -30,6 +30,7 @@ void save_model(const std::string& path, torch::nn::Sequential& model,
   write("num_heads", static_cast<double>(options.num_heads()));
   write("num_layers", static_cast<double>(options.num_layers()));
   write("dropout", options.dropout());
+  write("tie_embeddings", options.tie_embeddings() ? 1 : 0);
   // A failed save (a full disk, a crash) leaves the previous model whole.
   try {
     write_atomically(path, [&](const std::string& temporary) { archive.save_to(temporary); });
@@ -51,9 +52,10 @@ SavedModel load_model(const std::string& path) {
   } catch (const c10::Error&) {
     throw UsageError("'" + path + "' is not a model saved by gpipe train --save");
   }
-  const auto read = [&](const char* name) {
+  const auto read = [&](const char* name, c10::optional<double> otherwise = c10::nullopt) {
     torch::Tensor value;
     if (!archive.try_read(std::string(kPrefix) + name, value)) {
+      if (otherwise) return *otherwise;
       throw UsageError("'" + path + "' is not a model saved by gpipe train --save (no " + name +
                        ")");
     }
@@ -65,7 +67,8 @@ SavedModel load_model(const std::string& path) {
       .embedding_dim(static_cast<int64_t>(read("embedding_dim")))
       .num_heads(static_cast<int64_t>(read("num_heads")))
       .num_layers(static_cast<int64_t>(read("num_layers")))
-      .dropout(read("dropout"));
+      .dropout(read("dropout"))
+      .tie_embeddings(read("tie_embeddings", /*models saved before ties=*/0.0) != 0);
   saved.model = models::char_gpt(saved.options);
   saved.model->load(archive);
   return saved;

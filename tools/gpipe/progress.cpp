@@ -51,6 +51,11 @@ void ProgressBar::update(int64_t step, double loss) {
   }
 }
 
+void ProgressBar::note(const std::string& line) {
+  if (interactive_) out_ << '\r' << "\x1b[K";
+  out_ << line << '\n' << std::flush;
+}
+
 void ProgressBar::finish() {
   if (interactive_) out_ << '\n' << std::flush;
 }

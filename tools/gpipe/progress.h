@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <ostream>
+#include <string>
 
 namespace gpipe {
 namespace cli {
@@ -18,6 +19,10 @@ class ProgressBar {
 
   /// Step `step` (1-based) is done with `loss`.
   void update(int64_t step, double loss);
+
+  /// Prints `line` on a line of its own (e.g. a validation loss); the progress line goes on
+  /// below it.
+  void note(const std::string& line);
 
   /// Ends the line.
   void finish();

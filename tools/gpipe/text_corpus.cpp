@@ -50,8 +50,31 @@ TextCorpus TextCorpus::load(const std::vector<std::string>& paths, int64_t min_b
 std::pair<at::Tensor, at::Tensor> TextCorpus::batch(int64_t batch_size, int64_t length,
                                                     at::Generator& generator) const {
   TORCH_INTERNAL_ASSERT(size() > length);
-  const auto starts =
-      torch::randint(size() - length, {batch_size}, generator, torch::TensorOptions(torch::kLong));
+  return windows_at(
+      torch::randint(size() - length, {batch_size}, generator, torch::TensorOptions(torch::kLong)),
+      length);
+}
+
+std::pair<at::Tensor, at::Tensor> TextCorpus::spaced_batch(int64_t count, int64_t length) const {
+  TORCH_INTERNAL_ASSERT(size() > length);
+  return windows_at(
+      torch::linspace(0, static_cast<double>(size() - length - 1), count, torch::kDouble)
+          .to(torch::kLong),
+      length);
+}
+
+std::pair<TextCorpus, TextCorpus> TextCorpus::split(int64_t held_out) const {
+  TORCH_INTERNAL_ASSERT(held_out > 0 && held_out < size());
+  TextCorpus first, last;
+  first.bytes_.assign(bytes_.begin(), bytes_.end() - held_out);
+  last.bytes_.assign(bytes_.end() - held_out, bytes_.end());
+  first.num_files_ = last.num_files_ = num_files_;
+  return {std::move(first), std::move(last)};
+}
+
+std::pair<at::Tensor, at::Tensor> TextCorpus::windows_at(const at::Tensor& starts,
+                                                         int64_t length) const {
+  const int64_t batch_size = starts.numel();
   auto windows = torch::empty({batch_size, length + 1}, torch::kLong);
   auto* out = windows.data_ptr<int64_t>();
   const auto* start = starts.data_ptr<int64_t>();

@@ -32,7 +32,18 @@ class TextCorpus {
   std::pair<at::Tensor, at::Tensor> batch(int64_t batch_size, int64_t length,
                                           at::Generator& generator) const;
 
+  /// `count` windows like batch()'s, evenly spaced from the first byte to the last: the same
+  /// every time. REQUIRES: size() > length.
+  std::pair<at::Tensor, at::Tensor> spaced_batch(int64_t count, int64_t length) const;
+
+  /// The text cut in two: the first size() - held_out bytes, and the last held_out (text a model
+  /// trained on the first part has not seen). REQUIRES: 0 < held_out < size().
+  std::pair<TextCorpus, TextCorpus> split(int64_t held_out) const;
+
  private:
+  // Windows of `length` + 1 bytes starting at `starts`.
+  std::pair<at::Tensor, at::Tensor> windows_at(const at::Tensor& starts, int64_t length) const;
+
   std::vector<uint8_t> bytes_;
   int64_t num_files_ = 0;
 };

@@ -19,6 +19,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gpipe {
@@ -47,12 +48,16 @@ struct TrainConfig {
   std::string trace;     // Chrome trace JSON of every task
   std::string timeline;  // SVG timeline of the last timeline_steps steps
   int64_t timeline_steps = 2;
-  int64_t save_every = 0;        // steps between snapshots (train_snapshot.h); 0: none
-  std::string snapshot_dir;      // where snapshots go and come from
-  bool resume = false;           // continue from snapshot_dir's last snapshot, if any
-  bool quiet = false;            // no progress or summary
-  bool simulate = false;         // predict every schedule instead (train_simulate.h)
-  double memory_budget_mib = 0;  // for simulate: activations per worker; 0: any
+  int64_t save_every = 0;          // steps between snapshots (train_snapshot.h); 0: none
+  std::string snapshot_dir;        // where snapshots go and come from
+  bool resume = false;             // continue from snapshot_dir's last snapshot, if any
+  bool quiet = false;              // no progress or summary
+  bool simulate = false;           // predict every schedule instead (train_simulate.h)
+  double memory_budget_mib = 0;    // for simulate: activations per worker; 0: any
+  std::string precision = "fp32";  // fp32, bf16 (autocast) or fp16 (autocast and loss scaling)
+  double loss_scale = 65536;       // fp16: the loss scaler's first scale
+  double clip_grad_norm = 0;       // clip by the global gradient norm; 0: no clipping
+  int64_t eval_every = 0;          // steps between validation losses on held-out text; 0: none
 };
 
 /// Reads the flags of `gpipe train`, and the launcher's environment where WORLD_SIZE is set.
@@ -72,6 +77,8 @@ std::string train_usage();
 struct TrainReport {
   int64_t resumed_step = 0;    // the snapshot's step that --resume continued after, or 0
   std::vector<double> losses;  // per step this run took
+  std::vector<std::pair<int64_t, double>> validation_losses;  // (step, loss), --eval-every
+  int64_t skipped_steps = 0;  // optimizer steps the fp16 loss scaler skipped
   double seconds = 0;
   double samples_per_second = 0;
   std::vector<int64_t> peak_bytes_per_stage;  // allocated by each stage's tasks (on rank 0: all)

@@ -48,14 +48,22 @@ trace::Utilization utilization_of(const std::vector<double>& begins,
   return result;
 }
 
-// Either engine's options with the schedule, stages per worker, threads and checkpointing of
-// `c`.
+// The loss scaler of --precision fp16, else none.
+std::shared_ptr<amp::GradScaler> grad_scaler_for(const TrainConfig& c) {
+  if (c.precision != "fp16") return nullptr;
+  return std::make_shared<amp::GradScaler>(amp::GradScalerOptions().init_scale(c.loss_scale));
+}
+
+// Either engine's options with the schedule, stages per worker, threads, checkpointing and loss
+// scaler of `c`.
 template <typename Options>
-Options scheduled(Options options, const TrainConfig& c) {
+Options scheduled(Options options, const TrainConfig& c,
+                  const std::shared_ptr<amp::GradScaler>& scaler) {
   options.schedule(schedule::parse_schedule_kind(c.schedule))
       .stages_per_worker(c.virtual_stages)
       .intra_op_threads(c.threads)
-      .checkpoint(c.checkpoint);
+      .checkpoint(c.checkpoint)
+      .grad_scaler(scaler);
   if (c.custom_schedule) options.custom_schedule(*c.custom_schedule);
   return options;
 }
@@ -66,12 +74,12 @@ class ThreadPipeline final : public TrainPipeline {
  public:
   ThreadPipeline(const TrainConfig& c, const torch::nn::Sequential& model,
                  const std::vector<int64_t>& balance)
-      : TrainPipeline(std::make_shared<trace::Tracer>()),
+      : TrainPipeline(std::make_shared<trace::Tracer>(), grad_scaler_for(c)),
         model_(model),
         devices_(c.devices.empty() ? std::vector<c10::Device>(c.stages, c10::kCPU) : c.devices),
         num_workers_(c.stages / c.virtual_stages),
         pipeline_(model, balance, char_gpt_loss,
-                  scheduled(schedule::PipelineScheduleOptions(c.chunks), c)
+                  scheduled(schedule::PipelineScheduleOptions(c.chunks), c, grad_scaler_)
                       .devices(c.devices)
                       .tracer(tracer_)) {
     reset_peaks(devices_);
@@ -80,10 +88,14 @@ class ThreadPipeline final : public TrainPipeline {
   at::Tensor step(const at::Tensor& input, const at::Tensor& target) override {
     return pipeline_.step(input, target);
   }
+  at::Tensor evaluate(const at::Tensor& input, const at::Tensor& target) override {
+    return pipeline_.evaluate(input, target).loss;
+  }
+  double clip_grad_norm(double max_norm) override { return pipeline_.clip_grad_norm(max_norm); }
   schedule::Schedule schedule(int64_t num_microbatches) override {
     return pipeline_.schedule(num_microbatches);
   }
-  std::vector<at::Tensor> parameters() override { return model_->parameters(); }
+  std::vector<at::Tensor> parameters() override { return pipeline_.parameters(); }
   bool reports() const override { return true; }
   std::string workers() const override {
     return std::to_string(num_workers_) + " worker thread" + (num_workers_ == 1 ? "" : "s");
@@ -129,12 +141,12 @@ class RankPipeline final : public TrainPipeline {
  public:
   RankPipeline(const TrainConfig& c, const torch::nn::Sequential& model,
                const std::vector<int64_t>& balance)
-      : TrainPipeline(std::make_shared<trace::Tracer>()),
+      : TrainPipeline(std::make_shared<trace::Tracer>(), grad_scaler_for(c)),
         model_(model),
         group_(distributed::rendezvous(
             *c.ranks, distributed::PipelineStageOptions(c.chunks).rendezvous_timeout())),
         pipeline_(group_, model, balance, char_gpt_loss,
-                  scheduled(distributed::PipelineStageOptions(c.chunks), c)
+                  scheduled(distributed::PipelineStageOptions(c.chunks), c, grad_scaler_)
                       .device(c.devices.empty() ? c10::Device(c10::kCPU) : c.devices[c.ranks->rank])
                       .tracer(tracer_)) {
     first_layer_.assign(balance.size() + 1, 0);
@@ -147,16 +159,14 @@ class RankPipeline final : public TrainPipeline {
   at::Tensor step(const at::Tensor& input, const at::Tensor& target) override {
     return pipeline_.step(input, target);
   }
+  at::Tensor evaluate(const at::Tensor& input, const at::Tensor& target) override {
+    return pipeline_.evaluate(input, target).loss;
+  }
+  double clip_grad_norm(double max_norm) override { return pipeline_.clip_grad_norm(max_norm); }
   schedule::Schedule schedule(int64_t num_microbatches) override {
     return pipeline_.schedule(num_microbatches);
   }
-  std::vector<at::Tensor> parameters() override {
-    std::vector<at::Tensor> result;
-    for (const int64_t s : pipeline_.stage_indices()) {
-      for (const auto& p : pipeline_.stage_module(s)->parameters()) result.push_back(p);
-    }
-    return result;
-  }
+  std::vector<at::Tensor> parameters() override { return pipeline_.parameters(); }
   bool reports() const override { return pipeline_.rank() == 0; }
   std::string workers() const override { return std::to_string(pipeline_.world_size()) + " ranks"; }
   int64_t rank() const override { return pipeline_.rank(); }

@@ -8,6 +8,7 @@
 
 #include "train.h"
 
+#include <gpipe/amp/grad_scaler.h>
 #include <gpipe/schedule/action.h>
 #include <gpipe/trace.h>
 
@@ -44,10 +45,16 @@ class TrainPipeline {
 
   /// One training step (forward and backward of every micro-batch); the loss, on every rank.
   virtual at::Tensor step(const at::Tensor& input, const at::Tensor& target) = 0;
+  /// The loss of the forwards only (the engines' evaluate()), on every rank.
+  virtual at::Tensor evaluate(const at::Tensor& input, const at::Tensor& target) = 0;
+  /// Clips every process's gradients by their global norm; returns the norm.
+  virtual double clip_grad_norm(double max_norm) = 0;
   /// The schedule a step of `num_microbatches` micro-batches runs.
   virtual schedule::Schedule schedule(int64_t num_microbatches) = 0;
-  /// The parameters this process trains.
+  /// The parameters this process trains, each once.
   virtual std::vector<at::Tensor> parameters() = 0;
+  /// The loss scaler of --precision fp16 (amp/grad_scaler.h); null otherwise.
+  const std::shared_ptr<amp::GradScaler>& grad_scaler() const { return grad_scaler_; }
   /// Whether this process prints progress and the summary (threads, or rank 0).
   virtual bool reports() const = 0;
   /// How the stages run, for the header line, e.g. "2 worker threads" or "2 ranks".
@@ -74,7 +81,8 @@ class TrainPipeline {
   virtual void gather_model() = 0;
 
  protected:
-  explicit TrainPipeline(std::shared_ptr<trace::Tracer> tracer) : tracer_(std::move(tracer)) {}
+  TrainPipeline(std::shared_ptr<trace::Tracer> tracer, std::shared_ptr<amp::GradScaler> scaler)
+      : tracer_(std::move(tracer)), grad_scaler_(std::move(scaler)) {}
 
   /// One recorded step on this process's clock: first begin, last end, compute time.
   struct StepTime {
@@ -84,6 +92,7 @@ class TrainPipeline {
   };
 
   std::shared_ptr<trace::Tracer> tracer_;
+  std::shared_ptr<amp::GradScaler> grad_scaler_;
   std::vector<StepTime> steady_steps_;
   std::vector<trace::Event> kept_;
   int64_t traced_tasks_ = 0;

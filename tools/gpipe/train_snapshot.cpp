@@ -103,7 +103,9 @@ Manifest make_manifest(const TrainConfig& c, const models::CharGPTOptions& optio
           {"layers", std::to_string(options.num_layers())},
           {"embedding dim", std::to_string(options.embedding_dim())},
           {"heads", std::to_string(options.num_heads())},
-          {"block size", std::to_string(options.block_size())}};
+          {"block size", std::to_string(options.block_size())},
+          {"tied embeddings", options.tie_embeddings() ? "yes" : "no"},
+          {"precision", c.precision}};
 }
 
 SaveCost save_snapshot(const std::string& dir, int64_t step, const Manifest& manifest,
@@ -129,6 +131,11 @@ SaveCost save_snapshot(const std::string& dir, int64_t step, const Manifest& man
   torch::serialize::OutputArchive optimizer_state;
   optimizer.save(optimizer_state);
   archive.write("optimizer", optimizer_state);
+  if (const auto& scaler = pipeline.grad_scaler()) {
+    torch::serialize::OutputArchive scaler_state;
+    scaler->save(scaler_state);
+    archive.write("grad_scaler", scaler_state);
+  }
   {
     std::lock_guard<std::mutex> lock(batches.mutex());
     archive.write("batches", batches.get_state(), /*is_buffer=*/true);
@@ -192,6 +199,11 @@ int64_t resume_snapshot(const std::string& dir, const Manifest& manifest, TrainP
     torch::serialize::InputArchive optimizer_state;
     archive.read("optimizer", optimizer_state);
     optimizer.load(optimizer_state);
+    if (const auto& scaler = pipeline.grad_scaler()) {
+      torch::serialize::InputArchive scaler_state;
+      archive.read("grad_scaler", scaler_state);
+      scaler->load(scaler_state);
+    }
     torch::Tensor state;
     archive.read("batches", state, /*is_buffer=*/true);
     std::lock_guard<std::mutex> lock(batches.mutex());

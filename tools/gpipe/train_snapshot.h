@@ -2,9 +2,10 @@
 // ranks alike.
 //
 //   DIR/step-<S>/rank-<r>.pt     each process's part: its layers' parameters and buffers, its
-//                                optimizer's state, the step and the batch generator's state
+//                                optimizer's state (and fp16's loss scaler's), the step and the
+//                                batch generator's state
 //   DIR/step-<S>/manifest.txt    what must match to resume: engine and world size, balance,
-//                                schedule, model sizes (rank 0)
+//                                schedule, model sizes and ties, precision (rank 0)
 //   DIR/latest                   "step-<S>": the last complete snapshot (rank 0)
 //
 // Every file is written beside its place, flushed to disk and renamed (atomic_file.h). Rank 0
