@@ -88,31 +88,32 @@ TEST(AutocastTest, ScopeDropsCachedCastsWhenItEnds) {
 
 // gpipe::checkpoint under autocast with backward outside it: the recomputation runs in
 // bfloat16 as the forward did, and the forward under no-grad caches no cast that would cut the
-// weight's gradient for a later use in the same scope (with the cache on there; the reference
-// casts each use on its own, as the checkpoint does).
+// weight's gradient for a later use in the same scope (LibTorch 1.13 caches the cast of a leaf
+// weight under no-grad; the cache is on in the checkpointed scope, and the reference casts each
+// use on its own, as the checkpoint does).
 TEST(AutocastTest, CheckpointRecomputesUnderItsForwardsAutocast) {
   torch::manual_seed(0);
-  torch::nn::Linear linear(4, 4);
+  const auto weight = torch::randn({4, 4}, torch::requires_grad());
   const auto x = torch::randn({3, 4});
   const auto gradient_of_weight = [&](bool checkpointed) {
-    linear->zero_grad();
+    weight.mutable_grad() = torch::Tensor();
     torch::Tensor loss;
     std::vector<c10::ScalarType> seen;
     {
       amp::Autocast autocast(torch::kCPU, c10::nullopt, true, /*cache_enabled=*/checkpointed);
       const BatchFunction function = [&](const Batch& in) {
         seen.push_back(detail::autocast_enabled(torch::kCPU) ? torch::kBFloat16 : torch::kFloat);
-        return Batch(linear(in.tensor()));
+        return Batch(torch::mm(in.tensor(), weight));
       };
-      const auto a = checkpointed ? checkpoint(function, Batch(x)).tensor() : linear(x);
-      const auto b = linear(x);
+      const auto a = checkpointed ? checkpoint(function, Batch(x)).tensor() : torch::mm(x, weight);
+      const auto b = torch::mm(x, weight);
       loss = (a.to(torch::kFloat) * 2).sum() + b.to(torch::kFloat).sum();
     }
     loss.backward();
     if (checkpointed) {
       EXPECT_EQ(seen, (std::vector<c10::ScalarType>{torch::kBFloat16, torch::kBFloat16}));
     }
-    return linear->weight.grad().clone();
+    return weight.grad().clone();
   };
   const auto expected = gradient_of_weight(false);
   const auto actual = gradient_of_weight(true);
@@ -201,6 +202,59 @@ TEST(AutocastTest, EveryScheduleRunsItsStagesUnderTheCallersAutocast) {
       EXPECT_LE(testing::relative_difference(parameters[k].grad(), plain.grads[k]), kTolerance)
           << "parameter " << k;
     }
+  }
+}
+
+// On a GPU in float16: GPipe's device threads and the schedule engine's workers run under the
+// caller's autocast, recomputations too; gradients as on the CPU.
+TEST(AutocastTest, EnginesOnCudaInFloat16_CUDA) {
+  GPIPE_REQUIRE_CUDA(1);
+  const c10::Device cuda(c10::kCUDA, 0);
+  auto [input, target] = float_batch();
+  input = input.to(cuda);
+  target = target.to(cuda);
+  std::vector<int64_t> balance = testing::distributed_balance(2);
+  auto plain_model = recording_model(balance);
+  plain_model->to(cuda);
+  testing::take_dtype_log();
+  const auto plain = testing::plain_step(plain_model, input, target, 4, true, torch::kHalf);
+  const auto expected_seen = testing::take_dtype_log();
+
+  auto gpipe_model = recording_model(balance);
+  GPipe gpipe(
+      gpipe_model,
+      GPipeOptions(balance).devices({cuda, cuda}).chunks(4).checkpoint(CheckpointMode::kAlways));
+  torch::Tensor loss;
+  {
+    amp::Autocast autocast(torch::kCUDA, torch::kHalf);
+    loss = torch::mse_loss(gpipe->forward(input), target);
+  }
+  loss.backward();
+  bool recomputed = false;
+  EXPECT_EQ(testing::take_dtype_log(&recomputed), expected_seen);
+  EXPECT_TRUE(recomputed);
+  auto parameters = gpipe_model->parameters();
+  for (size_t k = 0; k < parameters.size(); ++k) {
+    EXPECT_LE(testing::relative_difference(parameters[k].grad(), plain.grads[k]), kTolerance)
+        << "GPipe, parameter " << k;
+  }
+
+  auto model = recording_model(balance);
+  schedule::PipelineSchedule pipe(
+      model, balance,
+      [](const Batch& y, const Batch& t) { return torch::mse_loss(y.tensor(), t.tensor()); },
+      schedule::PipelineScheduleOptions(4)
+          .devices({cuda, cuda})
+          .checkpoint(CheckpointMode::kExceptLast));
+  {
+    amp::Autocast autocast(torch::kCUDA, torch::kHalf);
+    pipe.step(input, target);
+  }
+  EXPECT_EQ(testing::take_dtype_log(), expected_seen);
+  parameters = model->parameters();
+  for (size_t k = 0; k < parameters.size(); ++k) {
+    EXPECT_LE(testing::relative_difference(parameters[k].grad(), plain.grads[k]), kTolerance)
+        << "PipelineSchedule, parameter " << k;
   }
 }
 

@@ -92,8 +92,8 @@ struct SkipTanhImpl : torch::nn::Module, skip::Skippable {
 TORCH_MODULE(SkipTanh);
 
 // What the Tanh layers of a recording model saw, per layer index: their input's dtype and the
-// autocast settings they ran under ("Float", "BFloat16 under autocast BFloat16"), with
-// " (recomputed)" for a checkpoint's recomputation. Guarded by dtype_log_mutex().
+// autocast settings of its device type they ran under ("Float", "BFloat16 under autocast
+// BFloat16"), with " (recomputed)" for a checkpoint's recomputation. Guarded by dtype_log_mutex().
 inline std::map<int64_t, std::set<std::string>>& dtype_log() {
   static std::map<int64_t, std::set<std::string>> log;
   return log;
@@ -108,8 +108,9 @@ struct RecordingTanhImpl : torch::nn::Module {
   explicit RecordingTanhImpl(int64_t layer) : layer(layer) {}
   torch::Tensor forward(torch::Tensor x) {
     std::string seen = c10::toString(x.scalar_type());
-    if (detail::autocast_enabled(c10::kCPU)) {
-      seen += std::string(" under autocast ") + c10::toString(detail::autocast_dtype(c10::kCPU));
+    const c10::DeviceType type = x.device().type();
+    if (detail::autocast_enabled(type)) {
+      seen += std::string(" under autocast ") + c10::toString(detail::autocast_dtype(type));
     }
     if (is_recomputing()) seen += " (recomputed)";
     std::lock_guard<std::mutex> lock(dtype_log_mutex());

@@ -61,17 +61,6 @@ bool close(const at::Tensor& actual, const at::Tensor& expected) {
          testing::relative_difference(actual, expected) <= 1e-12;
 }
 
-// Each tensor of `tensors` once.
-std::vector<at::Tensor> unique(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> result;
-  for (const auto& t : tensors) {
-    bool seen = false;
-    for (const auto& r : result) seen = seen || r.is_same(t);
-    if (!seen) result.push_back(t);
-  }
-  return result;
-}
-
 // The plain tied model trained as the worker trains it: SGD (lr 0.1) on each parameter once,
 // clipped to `clip` (> 0), the steps in `skipped` left out.
 struct PlainTraining {
@@ -93,7 +82,7 @@ PlainTraining train_plain(int64_t steps, double clip, int64_t chunks,
     plain.output_before = torch::cat(outputs);
     plain.loss_before = torch::mse_loss(plain.model->forward(input), target);
   }
-  const auto parameters = unique(plain.model->parameters());
+  const auto parameters = testing::unique(plain.model->parameters());
   torch::optim::SGD sgd(parameters, 0.1);
   for (int64_t step = 0; step < steps; ++step) {
     sgd.zero_grad();

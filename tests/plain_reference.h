@@ -27,9 +27,11 @@ struct PlainStep {
 
 /// One step of `model` on `input` split into `chunks` micro-batches, each loss scaled by its share
 /// of the batch (LossReduction::kMean) and differentiated on its own; each forward and loss
-/// under CPU autocast in bfloat16 where `bf16`. Leaves the gradients in `model`.
+/// under autocast in `dtype` on the input's device type where `autocast` (CPU bfloat16 by
+/// default). Leaves the gradients in `model`.
 inline PlainStep plain_step(torch::nn::Sequential& model, const torch::Tensor& input,
-                            const torch::Tensor& target, int64_t chunks, bool bf16 = false) {
+                            const torch::Tensor& target, int64_t chunks, bool autocast = false,
+                            c10::ScalarType dtype = torch::kBFloat16) {
   const auto inputs = input.chunk(chunks);
   const auto targets = target.chunk(chunks);
   const double N = static_cast<double>(input.size(0));
@@ -37,7 +39,7 @@ inline PlainStep plain_step(torch::nn::Sequential& model, const torch::Tensor& i
   for (size_t i = 0; i < inputs.size(); ++i) {
     torch::Tensor loss;
     {
-      amp::Autocast autocast(torch::kCPU, torch::kBFloat16, bf16);
+      amp::Autocast scope(input.device().type(), dtype, autocast);
       loss = torch::mse_loss(model->forward(inputs[i]), targets[i]) *
              (static_cast<double>(inputs[i].size(0)) / N);
     }
@@ -67,6 +69,18 @@ inline std::map<int64_t, std::set<std::string>> take_dtype_log(bool* recomputed 
   }
   dtype_log().clear();
   return seen;
+}
+
+/// Each tensor of `tensors` once, in order: a model's parameters with a tied one once
+/// (Module::parameters() lists it once per module that registers it).
+inline std::vector<torch::Tensor> unique(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> result;
+  for (const auto& t : tensors) {
+    bool seen = false;
+    for (const auto& r : result) seen = seen || r.is_same(t);
+    if (!seen) result.push_back(t);
+  }
+  return result;
 }
 
 /// The largest difference of `actual` from `expected`, relative to the largest magnitude in

@@ -24,17 +24,6 @@ at::Tensor mse(const Batch& output, const Batch& target) {
   return torch::mse_loss(output.tensor(), target.tensor());
 }
 
-// Each tensor of `tensors` once, in order.
-std::vector<at::Tensor> unique(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> result;
-  for (const auto& t : tensors) {
-    bool seen = false;
-    for (const auto& r : result) seen = seen || r.is_same(t);
-    if (!seen) result.push_back(t);
-  }
-  return result;
-}
-
 struct Case {
   ScheduleKind kind;
   int64_t stages_per_worker;
@@ -56,7 +45,7 @@ const std::vector<Case> kEverySchedule{
 TEST(TiedParametersTest, EveryScheduleGivesThePlainModelsGradient) {
   const auto [input, target] = testing::tied_batch();
   auto plain = testing::tied_model();
-  const auto plain_parameters = unique(plain->parameters());
+  const auto plain_parameters = testing::unique(plain->parameters());
   torch::optim::SGD plain_sgd(plain_parameters, 0.1);
   std::vector<std::vector<at::Tensor>> expected_grads;
   for (int step = 0; step < 3; ++step) {
