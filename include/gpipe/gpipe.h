@@ -28,6 +28,7 @@
 #include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/runtime.h"
 #include "gpipe/schedule/schedule_file.h"
+#include "gpipe/schedule/schedule_kind.h"
 #include "gpipe/schedule/stage.h"
 #include "gpipe/schedule/thread_transport.h"
 #include "gpipe/schedule/transport.h"

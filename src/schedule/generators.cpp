@@ -168,73 +168,6 @@ void check_stages(int64_t num_workers, int64_t stages_per_worker, int64_t num_mi
 
 }  // namespace
 
-std::ostream& operator<<(std::ostream& out, ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::kGPipe:
-      return out << "gpipe";
-    case ScheduleKind::kOneFOneB:
-      return out << "1f1b";
-    case ScheduleKind::kInterleavedOneFOneB:
-      return out << "interleaved_1f1b";
-    case ScheduleKind::kZeroBubble:
-      return out << "zb1p";
-    case ScheduleKind::kZeroBubbleV:
-      return out << "zbv";
-    case ScheduleKind::kInterleavedZeroBubble:
-      return out << "interleaved_zb1p";
-    case ScheduleKind::kLoopedBFS:
-      return out << "looped_bfs";
-    case ScheduleKind::kDualPipeV:
-      return out << "dualpipev";
-  }
-  return out << "ScheduleKind(" << static_cast<int>(kind) << ")";
-}
-
-ScheduleKind parse_schedule_kind(const std::string& name) {
-  if (name == "gpipe") return ScheduleKind::kGPipe;
-  if (name == "1f1b") return ScheduleKind::kOneFOneB;
-  if (name == "interleaved_1f1b") return ScheduleKind::kInterleavedOneFOneB;
-  if (name == "zb1p") return ScheduleKind::kZeroBubble;
-  if (name == "zbv") return ScheduleKind::kZeroBubbleV;
-  if (name == "interleaved_zb1p") return ScheduleKind::kInterleavedZeroBubble;
-  if (name == "looped_bfs") return ScheduleKind::kLoopedBFS;
-  if (name == "dualpipev") return ScheduleKind::kDualPipeV;
-  TORCH_CHECK_VALUE(false, "unknown schedule kind '", name, "' (expected ",
-                    c10::Join(", ", schedule_names()), ")");
-}
-
-std::vector<std::string> schedule_names() {
-  std::vector<std::string> names;
-  for (const auto kind :
-       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleavedOneFOneB,
-        ScheduleKind::kZeroBubble, ScheduleKind::kZeroBubbleV, ScheduleKind::kInterleavedZeroBubble,
-        ScheduleKind::kLoopedBFS, ScheduleKind::kDualPipeV}) {
-    names.push_back(c10::str(kind));
-  }
-  return names;
-}
-
-Placement placement_of(ScheduleKind kind) {
-  return kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV
-             ? Placement::kV
-             : Placement::kLooped;
-}
-
-bool splits_backward(ScheduleKind kind) {
-  return kind == ScheduleKind::kZeroBubble || kind == ScheduleKind::kZeroBubbleV ||
-         kind == ScheduleKind::kInterleavedZeroBubble || kind == ScheduleKind::kDualPipeV;
-}
-
-bool loops_stages(ScheduleKind kind) {
-  return kind == ScheduleKind::kInterleavedOneFOneB ||
-         kind == ScheduleKind::kInterleavedZeroBubble || kind == ScheduleKind::kLoopedBFS;
-}
-
-int64_t min_microbatches(ScheduleKind kind, int64_t num_stages) {
-  // DualPipeV's steady state starts only once every stage has a micro-batch.
-  return kind == ScheduleKind::kDualPipeV ? num_stages : 1;
-}
-
 bool splits_backward(const Schedule& schedule) {
   for (const auto& actions : schedule.actions) {
     for (const Action& a : actions) {
@@ -243,29 +176,6 @@ bool splits_backward(const Schedule& schedule) {
     }
   }
   return false;
-}
-
-void check_schedule_options(ScheduleKind kind, int64_t stages_per_worker, CheckpointMode checkpoint,
-                            const ScheduleOptionNames& names) {
-  TORCH_CHECK_VALUE(stages_per_worker > 0, names.stages_per_worker, " must be positive, but got ",
-                    stages_per_worker);
-  if (placement_of(kind) == Placement::kV) {
-    TORCH_CHECK_VALUE(stages_per_worker == 2, names.schedule, " ", kind, " runs two stages per ",
-                      names.worker, " in a V, but ", names.stages_per_worker, " is ",
-                      stages_per_worker, " (set it to 2)");
-  } else {
-    TORCH_CHECK_VALUE(stages_per_worker == 1 || loops_stages(kind), names.schedule, " ", kind,
-                      " runs one stage per ", names.worker, ", but ", names.stages_per_worker,
-                      " is ", stages_per_worker,
-                      " (more than 1 only with interleaved_1f1b, interleaved_zb1p and looped_bfs; "
-                      "2 with zbv and dualpipev)");
-  }
-  // A checkpoint's recomputation runs inside one autograd node, which has no split point
-  // between the input's and the parameters' gradients.
-  TORCH_CHECK_VALUE(checkpoint == CheckpointMode::kNever || !splits_backward(kind), names.schedule,
-                    " ", kind, " splits each backward into input and weight gradients, which ",
-                    names.checkpoint, " cannot: use ", names.checkpoint,
-                    " with gpipe, 1f1b, interleaved_1f1b or looped_bfs");
 }
 
 Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches) {

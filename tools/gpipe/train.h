@@ -37,7 +37,7 @@ struct TrainConfig {
   std::string schedule = "1f1b";
   std::string schedule_file;                          // a schedule of one's own, read into:
   std::optional<schedule::Schedule> custom_schedule;  // (schedule_file.h)
-  int64_t virtual_stages = 1;  // stages per worker, for interleaved_1f1b and zbv
+  int64_t virtual_stages = 1;  // stages per worker (schedule::check_schedule_options's rules)
   CheckpointMode checkpoint = CheckpointMode::kNever;
   int64_t threads = 1;               // intra-op threads per stage
   std::vector<c10::Device> devices;  // one per stage; on ranks, one per rank

@@ -130,8 +130,12 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
       ->type_name("NAME")
       ->check(one_of(schedule::schedule_names()));
   option(pipeline, "--virtual-stages", c.virtual_stages,
-         "stages per worker: any for interleaved_1f1b, interleaved_zb1p and looped_bfs, 2 for "
-         "zbv")
+         "stages per worker: any for " +
+             schedule::schedule_name_list(schedule::schedule_kinds_where(schedule::loops_stages)) +
+             ", 2 for " +
+             schedule::schedule_name_list(schedule::schedule_kinds_where([](auto kind) {
+               return schedule::placement_of(kind) == schedule::Placement::kV;
+             })))
       ->check(at_least(1));
   app->add_flag("--simulate", c.simulate,
                 "train nothing: profile the model and predict a step of every schedule it allows "

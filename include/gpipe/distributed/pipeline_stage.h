@@ -2,9 +2,9 @@
 // processes (one worker per rank), the multi-process counterpart of schedule::PipelineSchedule.
 //
 // Every rank builds the same model (e.g. from the same seed or checkpoint) and keeps its own
-// stages: with W ranks and v stages per rank (v > 1 only for interleaved 1F1B and ZBV), rank r
-// runs stages r, r + W, ..., r + (v - 1) W, or under ZBV stages r and 2W - 1 - r (a V, whose
-// turn at rank W - 1 passes tensors within the process). step(input, target) runs this rank's
+// stages: with W ranks and v stages per rank (stages_per_worker, options.h), rank r runs stages
+// r, r + W, ..., r + (v - 1) W, or, where the schedule's placement is a V, stages r and
+// 2W - 1 - r (whose turn at rank W - 1 passes tensors within the process). step(input, target) runs this rank's
 // actions of the schedule; a C10dTransport carries activations and gradients between ranks. Each
 // rank's parameters then hold the same gradients as after one backward of the full batch through
 // the plain model (see runtime.h for the loss scaling), and step() returns the loss on every rank:

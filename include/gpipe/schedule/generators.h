@@ -44,6 +44,7 @@
 
 #include "gpipe/checkpoint.h"
 #include "gpipe/schedule/action.h"
+#include "gpipe/schedule/schedule_kind.h"
 
 #include <cstdint>
 #include <ostream>
@@ -53,58 +54,8 @@
 namespace gpipe {
 namespace schedule {
 
-/// The schedules the generators produce.
-enum class ScheduleKind {
-  kGPipe,                  ///< fill-drain: all forwards, then all backwards
-  kOneFOneB,               ///< one forward, one backward (PipeDream-Flush)
-  kInterleavedOneFOneB,    ///< 1F1B with several virtual stages per worker
-  kZeroBubble,             ///< ZB1P: 1F1B with backward split, weight gradients fill the bubbles
-  kZeroBubbleV,            ///< ZBV: two stages per worker in a V, backward split as in ZB1P
-  kInterleavedZeroBubble,  ///< interleaved ZB1P: interleaved 1F1B's stages, backward split
-  kLoopedBFS,              ///< looped BFS: interleaved stages, each stage's forwards all at once
-  kDualPipeV,              ///< DualPipeV: ZBV's V, forwards paired with backwards (DeepSeek)
-};
-
-std::ostream& operator<<(std::ostream& out, ScheduleKind kind);
-
-/// Parses "gpipe", "1f1b", "interleaved_1f1b", "zb1p", "zbv", "interleaved_zb1p", "looped_bfs"
-/// or "dualpipev". Throws c10::ValueError for anything else.
-ScheduleKind parse_schedule_kind(const std::string& name);
-
-/// Every name parse_schedule_kind accepts, in the order of ScheduleKind.
-std::vector<std::string> schedule_names();
-
-/// Where the schedules of `kind` place their stages: kV for kZeroBubbleV and kDualPipeV, else
-/// kLooped.
-Placement placement_of(ScheduleKind kind);
-
-/// True for the schedules that split each backward into kBackwardInput and kBackwardWeight.
-bool splits_backward(ScheduleKind kind);
-
-/// True for the schedules of any number of looped stages per worker: interleaved 1F1B and ZB1P,
-/// looped BFS.
-bool loops_stages(ScheduleKind kind);
+/// True if `schedule` splits its backwards into kBackwardInput and kBackwardWeight.
 bool splits_backward(const Schedule& schedule);
-
-/// The fewest micro-batches the schedules of `kind` run over `num_stages` stages: num_stages for
-/// kDualPipeV, 1 for the others.
-int64_t min_microbatches(ScheduleKind kind, int64_t num_stages);
-
-/// The names a caller knows the options of check_schedule_options by, for its messages (e.g. a
-/// command's flags).
-struct ScheduleOptionNames {
-  std::string schedule = "schedule";
-  std::string stages_per_worker = "stages_per_worker";
-  std::string worker = "worker";
-  std::string checkpoint = "checkpoint";
-};
-
-/// The rules every engine and the command apply to a schedule's options: stages_per_worker is
-/// positive, 2 for the V schedules (kZeroBubbleV, kDualPipeV), and more than 1 only for them and
-/// the loops_stages() kinds; checkpointing is not for the schedules that split backwards, which
-/// leave no place for a recomputation. Throws c10::ValueError naming the options by `names`.
-void check_schedule_options(ScheduleKind kind, int64_t stages_per_worker, CheckpointMode checkpoint,
-                            const ScheduleOptionNames& names = {});
 
 /// `computes`, a schedule of compute actions only, with each one's receives right before it and
 /// its sends right after, as every generator places them. Throws c10::ValueError for an action

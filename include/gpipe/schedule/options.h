@@ -59,13 +59,14 @@ class ScheduleOptions {
   }
 
   /// Stages per worker: 1, any number for the loops_stages() kinds (worker w runs stages w,
-  /// w + W, ... of W workers), 2 for kZeroBubbleV (stages w and 2W - 1 - w). Default: 1.
+  /// w + W, ... of W workers), 2 for the kinds placement_of() puts in a V (stages w and
+  /// 2W - 1 - w); schedule_kind.h. Default: 1.
   Options& stages_per_worker(int64_t value) { return stages_per_worker_ = value, self(); }
   int64_t stages_per_worker() const { return stages_per_worker_; }
 
   /// Activation checkpointing in every stage: a checkpointed forward keeps only its input and
   /// its backward recomputes. kExceptLast spares the step's last micro-batch, as in GPipe. Not
-  /// with kZeroBubble or kZeroBubbleV, whose split backward it cannot split.
+  /// with the kinds that splits_backward() (schedule_kind.h), whose split it cannot split.
   /// Default: CheckpointMode::kNever.
   Options& checkpoint(CheckpointMode value) { return checkpoint_ = value, self(); }
   CheckpointMode checkpoint() const { return checkpoint_; }

@@ -108,8 +108,9 @@ class PipelineSchedule {
  public:
   /// One Sequential per stage, in order. Throws c10::ValueError for no stages, an empty stage,
   /// a stage count that the schedule cannot run, a non-positive option, checkpoint with a
-  /// schedule that splits backwards, or a skip connection (skip/skippable.h) between stages;
-  /// c10::IndexError for too few devices.
+  /// schedule that splits backwards, or a tied parameter whose stages are on different devices;
+  /// c10::TypeError for skips (skip/skippable.h) whose stashes and pops do not pair up across
+  /// the stages; c10::IndexError for too few devices.
   PipelineSchedule(std::vector<torch::nn::Sequential> stages, LossFunction loss,
                    PipelineScheduleOptions options);
 

@@ -1,0 +1,123 @@
+#include "gpipe/schedule/schedule_kind.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+namespace gpipe {
+namespace schedule {
+
+std::ostream& operator<<(std::ostream& out, ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return out << "gpipe";
+    case ScheduleKind::kOneFOneB:
+      return out << "1f1b";
+    case ScheduleKind::kInterleavedOneFOneB:
+      return out << "interleaved_1f1b";
+    case ScheduleKind::kZeroBubble:
+      return out << "zb1p";
+    case ScheduleKind::kZeroBubbleV:
+      return out << "zbv";
+    case ScheduleKind::kInterleavedZeroBubble:
+      return out << "interleaved_zb1p";
+    case ScheduleKind::kLoopedBFS:
+      return out << "looped_bfs";
+    case ScheduleKind::kDualPipeV:
+      return out << "dualpipev";
+  }
+  return out << "ScheduleKind(" << static_cast<int>(kind) << ")";
+}
+
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  if (name == "gpipe") return ScheduleKind::kGPipe;
+  if (name == "1f1b") return ScheduleKind::kOneFOneB;
+  if (name == "interleaved_1f1b") return ScheduleKind::kInterleavedOneFOneB;
+  if (name == "zb1p") return ScheduleKind::kZeroBubble;
+  if (name == "zbv") return ScheduleKind::kZeroBubbleV;
+  if (name == "interleaved_zb1p") return ScheduleKind::kInterleavedZeroBubble;
+  if (name == "looped_bfs") return ScheduleKind::kLoopedBFS;
+  if (name == "dualpipev") return ScheduleKind::kDualPipeV;
+  TORCH_CHECK_VALUE(false, "unknown schedule kind '", name, "' (expected ",
+                    c10::Join(", ", schedule_names()), ")");
+}
+
+std::vector<ScheduleKind> all_schedule_kinds() {
+  return {
+      ScheduleKind::kGPipe,      ScheduleKind::kOneFOneB,    ScheduleKind::kInterleavedOneFOneB,
+      ScheduleKind::kZeroBubble, ScheduleKind::kZeroBubbleV, ScheduleKind::kInterleavedZeroBubble,
+      ScheduleKind::kLoopedBFS,  ScheduleKind::kDualPipeV};
+}
+
+std::vector<std::string> schedule_names() {
+  std::vector<std::string> names;
+  for (const auto kind : all_schedule_kinds()) names.push_back(c10::str(kind));
+  return names;
+}
+
+std::vector<ScheduleKind> schedule_kinds_where(const std::function<bool(ScheduleKind)>& has) {
+  std::vector<ScheduleKind> kinds;
+  for (const auto kind : all_schedule_kinds()) {
+    if (has(kind)) kinds.push_back(kind);
+  }
+  return kinds;
+}
+
+std::string schedule_name_list(const std::vector<ScheduleKind>& kinds, const std::string& last) {
+  std::string text;
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    if (k > 0) text += k + 1 == kinds.size() ? " " + last + " " : ", ";
+    text += c10::str(kinds[k]);
+  }
+  return text;
+}
+
+Placement placement_of(ScheduleKind kind) {
+  return kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV
+             ? Placement::kV
+             : Placement::kLooped;
+}
+
+bool splits_backward(ScheduleKind kind) {
+  return kind == ScheduleKind::kZeroBubble || kind == ScheduleKind::kZeroBubbleV ||
+         kind == ScheduleKind::kInterleavedZeroBubble || kind == ScheduleKind::kDualPipeV;
+}
+
+bool loops_stages(ScheduleKind kind) {
+  return kind == ScheduleKind::kInterleavedOneFOneB ||
+         kind == ScheduleKind::kInterleavedZeroBubble || kind == ScheduleKind::kLoopedBFS;
+}
+
+int64_t min_microbatches(ScheduleKind kind, int64_t num_stages) {
+  // DualPipeV's steady state starts only once every stage has a micro-batch.
+  return kind == ScheduleKind::kDualPipeV ? num_stages : 1;
+}
+
+void check_schedule_options(ScheduleKind kind, int64_t stages_per_worker, CheckpointMode checkpoint,
+                            const ScheduleOptionNames& names) {
+  TORCH_CHECK_VALUE(stages_per_worker > 0, names.stages_per_worker, " must be positive, but got ",
+                    stages_per_worker);
+  if (placement_of(kind) == Placement::kV) {
+    TORCH_CHECK_VALUE(stages_per_worker == 2, names.schedule, " ", kind, " runs two stages per ",
+                      names.worker, " in a V, but ", names.stages_per_worker, " is ",
+                      stages_per_worker, " (set it to 2)");
+  } else {
+    TORCH_CHECK_VALUE(stages_per_worker == 1 || loops_stages(kind), names.schedule, " ", kind,
+                      " runs one stage per ", names.worker, ", but ", names.stages_per_worker,
+                      " is ", stages_per_worker, " (more than 1 only with ",
+                      schedule_name_list(schedule_kinds_where(loops_stages)), "; 2 with ",
+                      schedule_name_list(schedule_kinds_where(
+                          [](ScheduleKind k) { return placement_of(k) == Placement::kV; })),
+                      ")");
+  }
+  // A checkpoint's recomputation runs inside one autograd node, which has no split point
+  // between the input's and the parameters' gradients.
+  TORCH_CHECK_VALUE(
+      checkpoint == CheckpointMode::kNever || !splits_backward(kind), names.schedule, " ", kind,
+      " splits each backward into input and weight gradients, which ", names.checkpoint,
+      " cannot: use ", names.checkpoint, " with ",
+      schedule_name_list(schedule_kinds_where([](ScheduleKind k) { return !splits_backward(k); }),
+                         "or"));
+}
+
+}  // namespace schedule
+}  // namespace gpipe
