@@ -8,6 +8,7 @@
 #include <gpipe/pipe.h>
 
 namespace gpipe {
+namespace amoebanet_test {
 namespace {
 
 using torch::nn::Sequential;
@@ -72,4 +73,5 @@ TEST(AmoebaNetTest, BadSizes) {
 }
 
 }  // namespace
+}  // namespace amoebanet_test
 }  // namespace gpipe

@@ -20,6 +20,7 @@
 #include <vector>
 
 namespace gpipe {
+namespace autocast_test {
 namespace {
 
 // The plain model and a pipeline see the same micro-batches through the same kernels, so only
@@ -300,4 +301,5 @@ TEST(AutocastTest, BackwardsRunOutsideAutocast) {
 }
 
 }  // namespace
+}  // namespace autocast_test
 }  // namespace gpipe

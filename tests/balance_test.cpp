@@ -11,6 +11,7 @@
 #include <thread>
 
 namespace gpipe {
+namespace balance_test {
 namespace {
 
 using balance::balance_by_count;
@@ -397,4 +398,5 @@ TEST(BalanceTest, BySizeParamScale) {
 }
 
 }  // namespace
+}  // namespace balance_test
 }  // namespace gpipe

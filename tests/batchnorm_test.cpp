@@ -7,6 +7,7 @@
 #include <cmath>
 
 namespace gpipe {
+namespace batchnorm_test {
 namespace {
 
 constexpr int64_t kChunks = 4;
@@ -418,4 +419,5 @@ TEST(GPipeDeferredBatchNormTest, OffByDefault) {
 }
 
 }  // namespace
+}  // namespace batchnorm_test
 }  // namespace gpipe

@@ -4,6 +4,7 @@
 #include <gpipe/gpipe.h>
 
 namespace gpipe {
+namespace bugs_test {
 namespace {
 
 using torch::nn::Sequential;
@@ -74,4 +75,5 @@ TEST(InplaceTest, InplaceOnRequiresGrad) {
 // checkpointed partition are not detected: they are applied again by the recomputation.
 
 }  // namespace
+}  // namespace bugs_test
 }  // namespace gpipe

@@ -14,6 +14,7 @@
 #include <vector>
 
 namespace gpipe {
+namespace checkpoint_test {
 namespace {
 
 using detail::Checkpointing;
@@ -395,4 +396,5 @@ TEST(CheckpointTest, RecomputeRunsRightBeforeBackward) {
 }
 
 }  // namespace
+}  // namespace checkpoint_test
 }  // namespace gpipe

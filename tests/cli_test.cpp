@@ -32,6 +32,7 @@
 
 namespace gpipe {
 namespace cli {
+namespace cli_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -257,8 +258,7 @@ TEST(TrainTest, PrecisionClippingAndValidation) {
     loud.erase(std::find(loud.begin(), loud.end(), "--quiet"));
     if (!GPIPE_LIBTORCH_2 && precision == "fp16") {
       GPIPE_EXPECT_THROW_WITH(
-          parse_train_config(loud + std::vector<std::string>{"--precision", precision}),
-          UsageError,
+          parse_train_config(loud + std::vector<std::string>{"--precision", precision}), UsageError,
           "--precision fp16: LibTorch 1.13's autocast on cpu runs in BFloat16 only, not Half");
       continue;
     }
@@ -962,5 +962,6 @@ TEST(TrainSnapshotTest, MismatchIsNamedAndNothingChanges) {
 }
 
 }  // namespace
+}  // namespace cli_test
 }  // namespace cli
 }  // namespace gpipe

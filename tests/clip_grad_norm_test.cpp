@@ -15,6 +15,7 @@
 
 namespace gpipe {
 namespace schedule {
+namespace clip_grad_norm_test {
 namespace {
 
 at::Tensor mse(const Batch& output, const Batch& target) {
@@ -89,5 +90,6 @@ TEST(ClipGradNormTest, ChecksItsArguments) {
 }
 
 }  // namespace
+}  // namespace clip_grad_norm_test
 }  // namespace schedule
 }  // namespace gpipe

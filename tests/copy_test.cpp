@@ -10,6 +10,7 @@
 #include <vector>
 
 namespace gpipe {
+namespace copy_test {
 namespace {
 
 using detail::copy;
@@ -171,4 +172,5 @@ TEST(CopyTest, CopyToCudaAndBack_CUDA) {
 }
 
 }  // namespace
+}  // namespace copy_test
 }  // namespace gpipe

@@ -18,6 +18,7 @@
 
 namespace gpipe {
 namespace memory {
+namespace cpu_malloc_test {
 namespace {
 
 constexpr const char* kChildMode = "GPIPE_CPU_MALLOC_CHILD";  // "tuned" or "default"
@@ -92,5 +93,6 @@ TEST(CpuMallocTest, WithoutItLaterWorkersFaultTheirPagesIn) {
 }
 
 }  // namespace
+}  // namespace cpu_malloc_test
 }  // namespace memory
 }  // namespace gpipe

@@ -12,6 +12,7 @@
 #include <vector>
 
 namespace gpipe {
+namespace dependency_test {
 namespace {
 
 using detail::fork;
@@ -256,4 +257,5 @@ TEST(DependencyTest, JoinOnlyPhonyLaneReachesFork) {
 }
 
 }  // namespace
+}  // namespace dependency_test
 }  // namespace gpipe

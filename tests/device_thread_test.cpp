@@ -18,6 +18,7 @@
 #include <vector>
 
 namespace gpipe {
+namespace device_thread_test {
 namespace {
 
 using detail::Completion;
@@ -304,4 +305,5 @@ TEST(DeviceThreadTest, TaskRunsOnItsStream_CUDA) {
 }
 
 }  // namespace
+}  // namespace device_thread_test
 }  // namespace gpipe

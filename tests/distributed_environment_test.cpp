@@ -9,6 +9,7 @@
 
 namespace gpipe {
 namespace distributed {
+namespace distributed_environment_test {
 namespace {
 
 constexpr const char* kVariables[] = {"RANK",
@@ -142,5 +143,6 @@ TEST(DistributedEnvironmentTest, BadValuesAreNamed) {
 }
 
 }  // namespace
+}  // namespace distributed_environment_test
 }  // namespace distributed
 }  // namespace gpipe

@@ -12,6 +12,7 @@
 
 namespace gpipe {
 namespace distributed {
+namespace distributed_fault_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -199,5 +200,6 @@ TEST(DistributedFaultTest, ShapeMismatchIsClearOnBothSides) {
 }
 
 }  // namespace
+}  // namespace distributed_fault_test
 }  // namespace distributed
 }  // namespace gpipe

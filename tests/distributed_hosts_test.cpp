@@ -25,6 +25,7 @@
 
 namespace gpipe {
 namespace distributed {
+namespace distributed_hosts_test {
 namespace {
 
 using ::testing::HasSubstr;
@@ -184,5 +185,6 @@ TEST_F(DistributedHostsTest, CutLinkIsNamedWithinTimeout) {
 }
 
 }  // namespace
+}  // namespace distributed_hosts_test
 }  // namespace distributed
 }  // namespace gpipe

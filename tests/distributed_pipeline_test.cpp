@@ -22,6 +22,7 @@
 
 namespace gpipe {
 namespace distributed {
+namespace distributed_pipeline_test {
 namespace {
 
 bool close(const at::Tensor& actual, const at::Tensor& expected) {
@@ -274,5 +275,6 @@ TEST(DistributedPipelineTest, StagesMustMatchWorldSize) {
 }
 
 }  // namespace
+}  // namespace distributed_pipeline_test
 }  // namespace distributed
 }  // namespace gpipe

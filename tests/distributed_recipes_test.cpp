@@ -21,6 +21,7 @@
 
 namespace gpipe {
 namespace distributed {
+namespace distributed_recipes_test {
 namespace {
 
 // One line of a rank's recipe_rank<r>.txt.
@@ -323,5 +324,6 @@ TEST(DistributedRecipesTest, AutocastOnTwoRanks) {
 }
 
 }  // namespace
+}  // namespace distributed_recipes_test
 }  // namespace distributed
 }  // namespace gpipe

@@ -19,6 +19,7 @@
 
 namespace gpipe {
 namespace distributed {
+namespace distributed_transport_test {
 namespace {
 
 // Runs body(rank, transport) for 2 ranks on 2 threads, 2 stages; rethrows the first exception.
@@ -286,5 +287,6 @@ TEST(DistributedTransportTest, FailureOfOneRankStopsTheOther) {
 }
 
 }  // namespace
+}  // namespace distributed_transport_test
 }  // namespace distributed
 }  // namespace gpipe

@@ -14,6 +14,7 @@
 
 namespace gpipe {
 namespace schedule {
+namespace evaluate_test {
 namespace {
 
 at::Tensor mse(const Batch& output, const Batch& target) {
@@ -98,5 +99,6 @@ TEST(EvaluateTest, StepNeedsGradMode) {
 }
 
 }  // namespace
+}  // namespace evaluate_test
 }  // namespace schedule
 }  // namespace gpipe

@@ -11,6 +11,7 @@
 #include <thread>
 
 namespace gpipe {
+namespace gpipe_test {
 namespace {
 
 using torch::nn::Linear;
@@ -501,4 +502,5 @@ TEST(GPipeTest, PrettyPrint) {
 }
 
 }  // namespace
+}  // namespace gpipe_test
 }  // namespace gpipe

@@ -18,6 +18,7 @@
 
 namespace gpipe {
 namespace amp {
+namespace grad_scaler_test {
 namespace {
 
 const double kInfinity = std::numeric_limits<double>::infinity();
@@ -196,5 +197,6 @@ TEST(GradScalerTest, AnOverflowInOneStageSkipsTheStep) {
 }
 
 }  // namespace
+}  // namespace grad_scaler_test
 }  // namespace amp
 }  // namespace gpipe

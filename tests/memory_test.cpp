@@ -9,6 +9,7 @@
 #include <vector>
 
 namespace gpipe {
+namespace memory_test {
 namespace {
 
 using memory::cpu_current_bytes;
@@ -168,4 +169,5 @@ TEST(MemoryTest, CudaDeviceStatisticsCountTensors_CUDA) {
 }
 
 }  // namespace
+}  // namespace memory_test
 }  // namespace gpipe

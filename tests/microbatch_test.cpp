@@ -8,6 +8,7 @@
 #include <vector>
 
 namespace gpipe {
+namespace microbatch_test {
 namespace {
 
 using ::gpipe::testing::bitwise_equal;
@@ -397,4 +398,5 @@ TEST(MicrobatchTest, ScatterKeepsGradients) {
 }
 
 }  // namespace
+}  // namespace microbatch_test
 }  // namespace gpipe

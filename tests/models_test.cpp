@@ -9,6 +9,7 @@
 #include <gpipe/pipe.h>
 
 namespace gpipe {
+namespace models_test {
 namespace {
 
 using torch::nn::Sequential;
@@ -114,4 +115,5 @@ TEST(ResNetTest, Shapes) {
 }
 
 }  // namespace
+}  // namespace models_test
 }  // namespace gpipe

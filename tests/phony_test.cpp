@@ -10,6 +10,7 @@
 #include <vector>
 
 namespace gpipe {
+namespace phony_test {
 namespace {
 
 using detail::get_phony;
@@ -117,4 +118,5 @@ TEST(PhonyTest, PhonyCuda_CUDA) {
 }
 
 }  // namespace
+}  // namespace phony_test
 }  // namespace gpipe

@@ -25,6 +25,7 @@
 #include <vector>
 
 namespace gpipe {
+namespace pipeline_test {
 namespace {
 
 using detail::DeviceThread;
@@ -597,4 +598,5 @@ TEST(PipelineTest, CpuToCuda_CUDA) {
 }
 
 }  // namespace
+}  // namespace pipeline_test
 }  // namespace gpipe

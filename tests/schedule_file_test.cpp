@@ -12,6 +12,7 @@
 
 namespace gpipe {
 namespace schedule {
+namespace schedule_file_test {
 namespace {
 
 void expect_same(const Schedule& actual, const Schedule& expected) {
@@ -140,5 +141,6 @@ TEST(ScheduleFileTest, ReadsFiles) {
 }
 
 }  // namespace
+}  // namespace schedule_file_test
 }  // namespace schedule
 }  // namespace gpipe

@@ -8,6 +8,7 @@
 
 namespace gpipe {
 namespace schedule {
+namespace schedule_memory_test {
 namespace {
 
 constexpr int64_t kStages = 2;
@@ -63,5 +64,6 @@ TEST(ScheduleMemoryTest, ZeroBubbleHoldsAtMostKMicroBatchesInStageZero) {
 }
 
 }  // namespace
+}  // namespace schedule_memory_test
 }  // namespace schedule
 }  // namespace gpipe

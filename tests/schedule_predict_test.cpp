@@ -13,6 +13,7 @@
 
 namespace gpipe {
 namespace schedule {
+namespace schedule_predict_test {
 namespace {
 
 // GPipe and 1F1B with a forward 1 and a backward 2: (M + P - 1)(1 + 2), a bubble of
@@ -139,5 +140,6 @@ TEST(SchedulePredictTest, CostsFromATraceAreMedians) {
 }
 
 }  // namespace
+}  // namespace schedule_predict_test
 }  // namespace schedule
 }  // namespace gpipe

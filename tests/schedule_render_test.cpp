@@ -6,6 +6,7 @@
 
 namespace gpipe {
 namespace schedule {
+namespace schedule_render_test {
 namespace {
 
 TEST(ScheduleRenderTest, OneFOneB) {
@@ -57,5 +58,6 @@ TEST(ScheduleRenderTest, RejectsInvalidSchedule) {
 }
 
 }  // namespace
+}  // namespace schedule_render_test
 }  // namespace schedule
 }  // namespace gpipe

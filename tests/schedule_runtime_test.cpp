@@ -19,6 +19,7 @@
 
 namespace gpipe {
 namespace schedule {
+namespace schedule_runtime_test {
 namespace {
 
 constexpr int64_t kLayers = 16;
@@ -476,5 +477,6 @@ TEST(ThreadTransportTest, QueuesInOrderAndAborts) {
 }
 
 }  // namespace
+}  // namespace schedule_runtime_test
 }  // namespace schedule
 }  // namespace gpipe

@@ -11,6 +11,7 @@
 
 namespace gpipe {
 namespace schedule {
+namespace schedule_stage_test {
 namespace {
 
 bool close(const at::Tensor& actual, const at::Tensor& expected) {
@@ -200,5 +201,6 @@ TEST(StageTest, SplitBackwardComputesEachGradientOnce) {
 }
 
 }  // namespace
+}  // namespace schedule_stage_test
 }  // namespace schedule
 }  // namespace gpipe

@@ -13,6 +13,7 @@
 
 namespace gpipe {
 namespace schedule {
+namespace schedule_validate_test {
 namespace {
 
 using K = ActionKind;
@@ -559,5 +560,6 @@ TEST(ScheduleValidateTest, RejectsSendWithoutNeighbour) {
 }
 
 }  // namespace
+}  // namespace schedule_validate_test
 }  // namespace schedule
 }  // namespace gpipe

@@ -8,6 +8,7 @@
 
 namespace gpipe {
 namespace skip {
+namespace skip_api_test {
 namespace {
 
 struct StashPopImpl : torch::nn::Module, Skippable {
@@ -99,5 +100,6 @@ TEST(SkipApiTest, CloneKeepsDeclarationsAndNamespaces) {
 }
 
 }  // namespace
+}  // namespace skip_api_test
 }  // namespace skip
 }  // namespace gpipe

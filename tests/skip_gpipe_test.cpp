@@ -11,6 +11,7 @@
 
 namespace gpipe {
 namespace skip {
+namespace skip_gpipe_test {
 namespace {
 
 using torch::nn::Sequential;
@@ -262,5 +263,6 @@ TEST(SkipGPipeTest, NamespacesKeepReusedLayersApart) {
 }
 
 }  // namespace
+}  // namespace skip_gpipe_test
 }  // namespace skip
 }  // namespace gpipe

@@ -6,6 +6,7 @@
 
 namespace gpipe {
 namespace skip {
+namespace skip_layout_test {
 namespace {
 
 using torch::nn::Sequential;
@@ -101,5 +102,6 @@ TEST(InspectSkipLayoutTest, RoutesNameTheirLayers) {
 }
 
 }  // namespace
+}  // namespace skip_layout_test
 }  // namespace skip
 }  // namespace gpipe

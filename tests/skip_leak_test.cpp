@@ -10,6 +10,7 @@
 
 namespace gpipe {
 namespace skip {
+namespace skip_leak_test {
 namespace {
 
 using torch::nn::Sequential;
@@ -153,5 +154,6 @@ TEST_F(SkipLeakWithoutGPipeTest, NoPortalWithinOnePartition) {
 }
 
 }  // namespace
+}  // namespace skip_leak_test
 }  // namespace skip
 }  // namespace gpipe

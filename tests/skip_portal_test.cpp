@@ -8,6 +8,7 @@
 
 namespace gpipe {
 namespace skip {
+namespace skip_portal_test {
 namespace {
 
 using gpipe::detail::fork;
@@ -164,5 +165,6 @@ TEST(PortalTest, CopyCarriesTheGradientBack_CUDA) {
 }
 
 }  // namespace
+}  // namespace skip_portal_test
 }  // namespace skip
 }  // namespace gpipe

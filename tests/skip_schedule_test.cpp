@@ -21,6 +21,7 @@
 
 namespace gpipe {
 namespace schedule {
+namespace skip_schedule_test {
 namespace {
 
 using torch::nn::Sequential;
@@ -340,5 +341,6 @@ TEST(SkipScheduleTest, UnpairedSkipsAreRefused) {
 }
 
 }  // namespace
+}  // namespace skip_schedule_test
 }  // namespace schedule
 }  // namespace gpipe

@@ -7,6 +7,7 @@
 
 namespace gpipe {
 namespace skip {
+namespace skip_stash_pop_test {
 namespace {
 
 using torch::nn::Sequential;
@@ -138,5 +139,6 @@ TEST(StashPopGPipeTest, ModuleWorksAfterAMisuse) {
 }
 
 }  // namespace
+}  // namespace skip_stash_pop_test
 }  // namespace skip
 }  // namespace gpipe

@@ -9,6 +9,7 @@
 
 namespace gpipe {
 namespace skip {
+namespace skip_tracker_test {
 namespace {
 
 const SkipKey kCopy{Namespace::none(), "copy"};
@@ -172,5 +173,6 @@ TEST(SkipTrackerTest, OpenRefusesWhatWasNotStashed) {
 }
 
 }  // namespace
+}  // namespace skip_tracker_test
 }  // namespace skip
 }  // namespace gpipe

@@ -6,6 +6,7 @@
 
 namespace gpipe {
 namespace skip {
+namespace skip_verify_test {
 namespace {
 
 using torch::nn::Sequential;
@@ -97,5 +98,6 @@ TEST(VerifySkippablesTest, GPipeVerifiesOnConstruction) {
 }
 
 }  // namespace
+}  // namespace skip_verify_test
 }  // namespace skip
 }  // namespace gpipe

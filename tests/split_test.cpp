@@ -14,6 +14,7 @@
 #include <vector>
 
 namespace gpipe {
+namespace split_test {
 namespace {
 
 using torch::nn::Linear;
@@ -69,4 +70,5 @@ TEST(SplitTest, EveryEngineHasTheSameChecks) {
 }
 
 }  // namespace
+}  // namespace split_test
 }  // namespace gpipe

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 namespace gpipe {
+namespace stream_test {
 namespace {
 
 using detail::current_stream;
@@ -225,4 +226,5 @@ TEST(StreamTest, RecordStreamShiftedView_CUDA) {
 }
 
 }  // namespace
+}  // namespace stream_test
 }  // namespace gpipe

@@ -16,6 +16,7 @@
 
 namespace gpipe {
 namespace schedule {
+namespace tied_parameters_test {
 namespace {
 
 constexpr size_t kDistributedLayersLast = testing::kDistributedLayers - 1;
@@ -136,5 +137,6 @@ TEST(TiedParametersTest, GPipeRefusesThem) {
 }
 
 }  // namespace
+}  // namespace tied_parameters_test
 }  // namespace schedule
 }  // namespace gpipe

@@ -29,6 +29,7 @@
 
 namespace gpipe {
 namespace distributed {
+namespace torchrun_test {
 namespace {
 
 // torchrun's flags are spelled as both 1.13 and 2.x read them (2.x reads --nproc-per-node too).
@@ -298,5 +299,6 @@ TEST(LaunchRestartTest, KilledRankResumesFromTheLastSnapshot) {
 }
 
 }  // namespace
+}  // namespace torchrun_test
 }  // namespace distributed
 }  // namespace gpipe

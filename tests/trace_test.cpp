@@ -26,6 +26,7 @@
 
 namespace gpipe {
 namespace trace {
+namespace trace_test {
 namespace {
 
 TEST(TraceTest, SpansRecordOnlyUnderATracer) {
@@ -335,5 +336,6 @@ TEST(TraceTest, SpansReachTheProfiler) {
 }
 
 }  // namespace
+}  // namespace trace_test
 }  // namespace trace
 }  // namespace gpipe

@@ -9,6 +9,7 @@
 #include <functional>
 
 namespace gpipe {
+namespace transparency_test {
 namespace {
 
 using torch::nn::Sequential;
@@ -275,4 +276,5 @@ TEST(TransparencyTest, InputsNotRequiringGradAndIntegerOutputs) {
 }
 
 }  // namespace
+}  // namespace transparency_test
 }  // namespace gpipe
