@@ -12,10 +12,11 @@
 #include <vector>
 
 namespace gpipe {
+namespace docs_test {
 namespace {
 
 // clang-format off
-// README.md, "Skip connections".
+// docs/module.md, "Skip connections".
 struct StashImpl : torch::nn::Module, gpipe::skip::Skippable {
   StashImpl() : Skippable(/*stash=*/{"1to3"}, /*pop=*/{}) {}
   torch::Tensor forward(torch::Tensor x) {
@@ -151,6 +152,18 @@ TEST(DocsTest, CustomScheduleSnippet) {
 
 // Compiled, not run: it needs the ranks of a job (examples/distributed_train.cpp runs the same
 // under the launcher and torchrun).
+// docs/gpu.md: compiled; it runs where two GPUs are.
+[[maybe_unused]] torch::Tensor gpu_snippet(torch::nn::Sequential sequential, torch::Tensor input) {
+  // clang-format off
+  gpipe::GPipe model(sequential, gpipe::GPipeOptions({4, 3})
+                                     .devices({torch::Device(torch::kCUDA, 0),
+                                               torch::Device(torch::kCUDA, 1)})
+                                     .chunks(8));
+  torch::Tensor output = model->forward(input);  // on cuda:1
+  // clang-format on
+  return output;
+}
+
 [[maybe_unused]] void distributed_snippet(torch::nn::Sequential model, schedule::LossFunction mse,
                                           torch::Tensor input, torch::Tensor target) {
   // clang-format off
@@ -197,4 +210,5 @@ TEST(DocsTest, CheckpointingSnippetCountsEachMicroBatchOnce) {
 }
 
 }  // namespace
+}  // namespace docs_test
 }  // namespace gpipe
