@@ -88,6 +88,32 @@ TEST(DistributedFaultTest, KilledRankIsNamedWithinTimeout) {
   }
 }
 
+// With every receive of a step posted ahead (GPipe over 8 micro-batches: 8 activations or 8
+// gradients waiting on each edge), a killed rank is still named by every other rank, each of
+// the 4 in turn, with the window of 1 as well.
+TEST(DistributedFaultTest, KilledRankIsNamedWhileManyReceivesArePosted) {
+  for (const int64_t window : {0, 1}) {
+    for (int killed = 0; killed < 4; ++killed) {
+      const auto launch = testing::launch_workers(
+          4, "--schedule gpipe --chunks 8 --steps 2 --receive-window " + std::to_string(window) +
+                 " --timeout-ms " + std::to_string(kKillTimeoutMs) + " --fail-rank " +
+                 std::to_string(killed) + " --fail-mode kill");
+      SCOPED_TRACE("window " + std::to_string(window) + ", rank " + std::to_string(killed) +
+                   " killed");
+      EXPECT_NE(launch.exit_code, 0) << launch.output;
+      EXPECT_THAT(launch.output, HasSubstr("rank " + std::to_string(killed) + " was killed"));
+      for (int r = 0; r < 4; ++r) {
+        if (r == killed) continue;
+        const int64_t detected = detection_ms(launch, "killing", r);
+        EXPECT_GE(detected, 0) << "rank " << r << "\n" << launch.output;
+        EXPECT_LT(detected, kKillDetectedWithinMs) << "rank " << r << "\n" << launch.output;
+        EXPECT_THAT(error_of(launch, r), HasSubstr("rank " + std::to_string(killed) + " failed"))
+            << "rank " << r << "\n" << launch.output;
+      }
+    }
+  }
+}
+
 TEST(DistributedFaultTest, RankKilledOnceConnectedIsNamed) {
   // Killed as soon as every rank has connected, while the others may still be in the barrier
   // that ends construction: they must name it too (they once quoted rank 0's lost store raw,

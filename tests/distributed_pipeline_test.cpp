@@ -149,6 +149,55 @@ TEST(DistributedPipelineTest, SkipsAcrossStagesEverySchedule) {
   expect_equivalent(4, "dualpipev", 2, 1, "never", 8, "", /*skips=*/true);
 }
 
+// The receive window changes when messages move, never what they carry: with one receive
+// posted at a time, two, or every one the schedule's stages hold at once, the losses and
+// gradients of two steps are bitwise the same, skips across stages included, and they are the
+// plain model's.
+TEST(DistributedPipelineTest, ReceiveWindowKeepsEveryBitOfTheGradients) {
+  for (const auto& [ranks, schedule, per_rank] :
+       std::vector<std::tuple<int, std::string, int64_t>>{{2, "gpipe", 1},
+                                                          {4, "1f1b", 1},
+                                                          {2, "zbv", 2},
+                                                          {4, "interleaved_1f1b", 2}}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks, " + schedule);
+    const int64_t S = ranks * per_rank;
+    std::map<int64_t, std::vector<std::vector<at::Tensor>>> grads;  // per window, per stage
+    std::map<int64_t, std::vector<at::Tensor>> losses;               // per window, per rank
+    for (const int64_t window : {1, 2, 0}) {
+      const std::string flags = "--schedule " + schedule + " --stages-per-worker " +
+                                std::to_string(per_rank) + " --chunks 8 --skips 1 --steps 2" +
+                                " --receive-window " + std::to_string(window);
+      const testing::Launch launch = testing::launch_workers(ranks, flags);
+      ASSERT_EQ(launch.exit_code, 0) << launch.output;
+      for (int r = 0; r < ranks; ++r) {
+        at::Tensor loss;
+        torch::load(loss, launch.dir + "/loss_rank" + std::to_string(r) + ".pt");
+        losses[window].push_back(loss);
+      }
+      for (int64_t s = 0; s < S; ++s) {
+        std::vector<at::Tensor> stage;
+        torch::load(stage, launch.dir + "/grads_stage" + std::to_string(s) + "_replica0.pt");
+        grads[window].push_back(stage);
+      }
+    }
+    for (const int64_t window : {2, 0}) {
+      for (int r = 0; r < ranks; ++r) {
+        EXPECT_TRUE(testing::bitwise_equal(losses[window][r], losses[1][r]))
+            << "window " << window << ", rank " << r;
+      }
+      for (int64_t s = 0; s < S; ++s) {
+        ASSERT_EQ(grads[window][s].size(), grads[1][s].size());
+        for (size_t k = 0; k < grads[1][s].size(); ++k) {
+          EXPECT_TRUE(testing::bitwise_equal(grads[window][s][k], grads[1][s][k]))
+              << "window " << window << ", stage " << s << ", parameter " << k;
+        }
+      }
+    }
+  }
+  expect_equivalent(2, "gpipe", 1, 1, "never", 8, "--receive-window 1", /*skips=*/true);
+  expect_equivalent(2, "gpipe", 1, 1, "never", 8, "--receive-window 3", /*skips=*/true);
+}
+
 TEST(DistributedPipelineTest, Checkpointing) {
   expect_equivalent(2, "1f1b", 1, 1, "always");
   expect_equivalent(2, "gpipe", 1, 1, "except_last");

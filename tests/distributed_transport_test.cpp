@@ -172,6 +172,85 @@ TEST(DistributedTransportTest, LaterBatchesTravelAsOneMessageIntoPostedReceives)
   });
 }
 
+// Messages in flight: in a later step every announced receive is posted at once, on both lanes
+// of an edge, so the sender's batches all arrive before the receiver takes any; it then takes
+// them lane by lane, not in the order they were sent, each whole. The fourth pipeline batch is
+// larger than any before: it travels split, its tensors on the edge's payload tag, and must not
+// land in the receive posted for the fifth. The first step, with its window of one, teaches the
+// edges their sizes.
+TEST(DistributedTransportTest, ManyReceivesPostedTakeTheirOwnBatches) {
+  constexpr int64_t kBatches = 8;
+  const auto pipeline_batch = [](int64_t step, int64_t i) {
+    const int64_t rows = step == 1 && i == 3 ? 6 : 4;
+    return torch::full({rows, 3}, static_cast<double>(100 * step + i));
+  };
+  const auto skip_batch = [](int64_t step, int64_t i) {
+    return std::vector<at::Tensor>{torch::full({2}, static_cast<float>(-100 * step - i)),
+                                   torch::arange(i + 1)};
+  };
+  std::vector<int64_t> second_step_messages;
+  run_ranks([&](int64_t rank, C10dTransport& transport) {
+    for (int64_t step = 0; step < 2; ++step) {
+      transport.begin_step();
+      if (rank == 0) {
+        for (int64_t i = 0; i < kBatches; ++i) {
+          const int64_t before = transport.messages_sent();
+          transport.send(Batch(pipeline_batch(step, i)), 0, 1, i);
+          transport.send(Batch(skip_batch(step, i)), 0, 1, i, schedule::Lane::kSkip);
+          if (step == 1) second_step_messages.push_back(transport.messages_sent() - before);
+        }
+        transport.flush();  // every batch received
+        continue;
+      }
+      transport.expect(0, 1, kBatches);
+      transport.expect(0, 1, kBatches, schedule::Lane::kSkip);
+      // Every batch is on its way before the first is taken.
+      std::this_thread::sleep_for(std::chrono::milliseconds(step == 1 ? 300 : 0));
+      for (int64_t i = 0; i < kBatches; ++i) {
+        const Batch got = transport.recv(0, 1, i, schedule::Lane::kSkip);
+        const auto sent = skip_batch(step, i);
+        ASSERT_EQ(got.size(), 2u);
+        EXPECT_TRUE(testing::bitwise_equal(got[0], sent[0])) << "step " << step << ", skip " << i;
+        EXPECT_TRUE(testing::bitwise_equal(got[1], sent[1])) << "step " << step << ", skip " << i;
+      }
+      for (int64_t i = 0; i < kBatches; ++i) {
+        EXPECT_TRUE(testing::bitwise_equal(transport.recv(0, 1, i).tensor(), pipeline_batch(step, i)))
+            << "step " << step << ", batch " << i;
+      }
+    }
+  });
+  // Both batches of each micro-batch in one message each, but the larger one: a header and its
+  // tensor.
+  const std::vector<int64_t> expected{2, 2, 2, 3, 2, 2, 2, 2};
+  EXPECT_EQ(second_step_messages, expected);
+}
+
+// More receives announced than batches come is a mistake the next step names; the receives
+// still take the batches that come later.
+TEST(DistributedTransportTest, ReceivesLeftPostedAreNamed) {
+  run_ranks([&](int64_t rank, C10dTransport& transport) {
+    transport.begin_step();
+    if (rank == 0) {
+      transport.send(Batch(torch::ones({2})), 0, 1, 0);
+      transport.flush();
+      transport.barrier("checked", std::chrono::seconds(20));
+      transport.send(Batch(torch::full({2}, 2.0)), 0, 1, 1);
+      transport.send(Batch(torch::full({2}, 3.0)), 0, 1, 2);
+      transport.flush();
+      return;
+    }
+    transport.recv(0, 1, 0);
+    transport.begin_step();  // the edge's first step is over; the next posts deeper
+    transport.expect(0, 1, 2);
+    GPIPE_EXPECT_THROW_WITH(transport.begin_step(), c10::ValueError,
+                            "rank 1 announced more messages from stage 0 to stage 1 in the last "
+                            "step than came: 2 receive(s) still posted");
+    transport.barrier("checked", std::chrono::seconds(20));
+    EXPECT_TRUE(testing::bitwise_equal(transport.recv(0, 1, 1).tensor(), torch::full({2}, 2.0)));
+    EXPECT_TRUE(testing::bitwise_equal(transport.recv(0, 1, 2).tensor(), torch::full({2}, 3.0)));
+  });
+}
+
 TEST(DistributedTransportTest, ExpectRejectsBadArguments) {
   run_ranks([&](int64_t rank, C10dTransport& transport) {
     if (rank == 1) {

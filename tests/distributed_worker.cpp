@@ -5,7 +5,7 @@
 //            [--data-parallel D]
 //            [--fail-rank R --fail-mode throw|kill|hang|stop|mismatch|kill-connected]
 //            [--fail-attempts K] [--rendezvous-timeout-ms T] [--absent-from R] [--trace 1]
-//            [--steps N] [--schedule-file F] [--skips 1]
+//            [--steps N] [--schedule-file F] [--skips 1] [--receive-window W]
 //
 // Trains one step (or N on the same batch, gradients adding up) of the model of
 // distributed_model.h (W x V stages of even layers) and writes DIR/loss_rank<r>.pt and
@@ -23,7 +23,8 @@
 // the steady clock and that origin's uncertainty (microseconds) as DIR/clock_rank<r>.txt. With
 // --schedule-file F, the ranks run the schedule of file F (schedule_file.h), whose stages the model
 // is cut into. With
-// --skips 1, the model has its skip connections across stages.
+// --skips 1, the model has its skip connections across stages. --receive-window W sets
+// PipelineStageOptions::receive_window (default 0: automatic).
 //
 // Training recipes, with --optimizer-steps N: N steps of SGD (lr 0.1) on pipe.parameters(), each
 // zeroing the gradients, stepping, clipping by the global norm with --clip X (X > 0), and, with
@@ -161,7 +162,7 @@ int main(int argc, char** argv) {
   std::string out, schedule = "1f1b", fail_mode, checkpoint = "never", schedule_file;
   int64_t stages_per_worker = 1, chunks = 4, timeout_ms = 60000, fail_rank = -1, replicas = 1;
   int64_t rendezvous_timeout_ms = 60000, absent_from = -1, trace = 0, fail_attempts = -1;
-  int64_t steps = 1, skips = 0, tied = 0, scaler = 0, perturb_tie = 0;
+  int64_t steps = 1, skips = 0, tied = 0, scaler = 0, perturb_tie = 0, receive_window = 0;
   std::string precision = "fp64";
   Recipe recipe;
   for (int k = 1; k + 1 < argc; k += 2) {
@@ -217,6 +218,8 @@ int main(int argc, char** argv) {
       precision = value;
     else if (flag == "--perturb-tie")
       perturb_tie = std::stoll(value);
+    else if (flag == "--receive-window")
+      receive_window = std::stoll(value);
   }
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const bool failing_attempt =
@@ -268,6 +271,7 @@ int main(int argc, char** argv) {
             .checkpoint(gpipe::parse_checkpoint_mode(checkpoint))
             .data_parallel(replicas)
             .timeout(std::chrono::milliseconds(timeout_ms))
+            .receive_window(receive_window)
             .rendezvous_timeout(std::chrono::milliseconds(rendezvous_timeout_ms))
             .tracer(trace != 0 ? std::make_shared<gpipe::trace::Tracer>() : nullptr)
             .grad_scaler(

@@ -86,6 +86,33 @@ TEST(SchedulePredictTest, MessagesTakeWhatTheyCost) {
                           "costs: forward has 1 entries for 2 stages");
 }
 
+// With a receive window of w, an edge's message k leaves only once the receive of message k - w
+// has ended and the sender has heard of it: a window of 1 lets one message per round trip
+// through, a window of 2 two, no window every one as soon as it is sent.
+TEST(SchedulePredictTest, ReceiveWindowLetsThatManyMessagesFly) {
+  ActionCosts costs = ActionCosts::unit(2);
+  costs.latency = 10;
+  const Schedule plan = gpipe_schedule(2, 4);
+  // When stage 1 starts each forward, in order.
+  const auto forwards = [&](int64_t window) {
+    costs.receive_window = window;
+    const Prediction p = predict(plan, costs);
+    std::vector<double> begins;
+    for (size_t k = 0; k < plan.actions[1].size(); ++k) {
+      if (plan.actions[1][k].kind == ActionKind::kForward) begins.push_back(p.begin[1][k]);
+    }
+    return begins;
+  };
+  // Stage 0 sends at 1, 2, 3 and 4; each message takes 10.
+  EXPECT_EQ(forwards(0), (std::vector<double>{11, 12, 13, 14}));
+  // Message k + 1 leaves 10 after message k was received, and arrives 10 later.
+  EXPECT_EQ(forwards(1), (std::vector<double>{11, 31, 51, 71}));
+  EXPECT_EQ(forwards(2), (std::vector<double>{11, 12, 31, 32}));
+  costs.receive_window = -1;
+  GPIPE_EXPECT_THROW_WITH(predict(plan, costs), c10::ValueError,
+                          "costs: receive_window must be non-negative, but is -1");
+}
+
 // What a stage holds at most is what a real step's Stage held, for every schedule.
 TEST(SchedulePredictTest, PeakLiveMicroBatchesAreTheRealOnes) {
   torch::manual_seed(0);

@@ -69,10 +69,14 @@ double train(const DelayedLink& link, const std::string& flags, int port, std::s
 }
 
 // What predict() expects each ms of one-way delay to add to a step of `schedule`, in ms: equal
-// stages, forward 1 and backward 2 (each half 1) scaled to the measured step without delay.
+// stages, forward 1 and backward 2 (each half 1) scaled to the measured step without delay, and
+// the receive window gpipe train's ranks use (PipelineStageOptions::receive_window's automatic
+// one: the most micro-batches a stage holds at once).
 double predicted_slope(const std::string& schedule, double step_ms, double delay_ms) {
   const auto plan = gs::make_schedule(gs::parse_schedule_kind(schedule), 2, 2, kChunks);
   gs::ActionCosts costs = gs::ActionCosts::unit(2);
+  const auto live = gs::predict(plan, costs).peak_live_microbatches;
+  costs.receive_window = *std::max_element(live.begin(), live.end());
   const double unit_step = gs::predict(plan, costs).step_time;
   const double ms_per_unit = step_ms / unit_step;
   costs.latency = delay_ms / ms_per_unit;

@@ -11,6 +11,9 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <cstring>
+#include <deque>
+#include <limits>
 #include <exception>
 #include <functional>
 #include <sstream>
@@ -29,14 +32,12 @@ struct PostedReceive {
   at::Tensor buffer;
 };
 
+// The largest batch that travels as one message: copying a larger one into the message costs
+// more than the round trip its tensors' own receives add (about 0.1 ms over loopback).
+constexpr int64_t kMaxOneMessageBytes = 256 << 10;
+
 // The tag of values between ranks (send_to_rank), after the edges' tags (edge_tag).
 int value_tag(int64_t num_stages) { return static_cast<int>(2 * num_stages); }
-
-// What a receive posted ahead waits for, in errors.
-std::string next_message(int64_t from_stage, int64_t to_stage) {
-  return "the next message from stage " + std::to_string(from_stage) + " to stage " +
-         std::to_string(to_stage);
-}
 
 // What a message of `kind` on `lane` carries, in errors.
 std::string message_name(int64_t kind, schedule::Lane lane) {
@@ -44,17 +45,60 @@ std::string message_name(int64_t kind, schedule::Lane lane) {
   return kind == kActivation ? "skip tensors" : "skip gradients";
 }
 
+// A message of an edge, in errors, with the rank at its other end: "the activation of
+// micro-batch 3 from stage 0 (rank 0) to stage 1" where it is received, "... from stage 0 to
+// stage 1 (rank 1)" where it is sent; "the next message from stage 0 to stage 1" for a receive
+// posted ahead (tag -1).
+struct MessageName {
+  int64_t kind;
+  schedule::Lane lane;
+  int64_t tag, from, to, peer;
+  bool sending;
+
+  std::string str() const {
+    std::ostringstream out;
+    if (tag < 0) {
+      out << "the next message from stage " << from << " to stage " << to;
+      return out.str();
+    }
+    out << "the " << message_name(kind, lane) << " of micro-batch " << tag << " from stage "
+        << from;
+    if (!sending) out << " (rank " << peer << ")";
+    out << " to stage " << to;
+    if (sending) out << " (rank " << peer << ")";
+    return out.str();
+  }
+};
+
 }  // namespace
 
 struct C10dTransport::Edge {
-  std::optional<MessageMetadata> agreed;  // fixed by the edge's first message
-  // The largest message so far on the edge, in bytes (0 before the first): the receiver posts
-  // buffers of this size (at least a header's), and a batch that fits goes as one message.
-  // Both ends keep it alike.
-  int64_t send_capacity = 0;
-  int64_t recv_capacity = 0;
-  int64_t expected = 0;                 // messages still to come in this step (expect())
-  std::optional<PostedReceive> posted;  // the receive of the next message, posted ahead
+  std::optional<MessageMetadata> agreed;  // fixed by the step's first message
+  // Bytes of the one-message batches on the edge (kMaxOneMessageBytes at most), kept alike at
+  // both ends: the largest so far, the largest before this step, and per message of this step
+  // the largest up to it.
+  int64_t capacity = 0;
+  int64_t step_capacity = 0;
+  std::vector<int64_t> step_max;
+  int64_t messages = 0;  // on the edge so far
+  int64_t window = 1;    // receives posted ahead at most, this step
+  int64_t unposted = 0;  // announced receives not posted yet (expect())
+  std::deque<PostedReceive> posted;  // in the order of the messages they take
+
+  // The size of the buffer the receiver posted for the step's message `j`: it posted it once
+  // message j - window had arrived (the first `window` when the step began), as large as the
+  // largest message by then, and at least a header. A receive posted later, on demand, is no
+  // smaller.
+  int64_t posted_capacity(int64_t j) const {
+    const int64_t known = j < window ? step_capacity : step_max[j - window];
+    return std::max(known, kHeaderBytes);
+  }
+  // Records the step's next message, of `bytes`.
+  void record(int64_t bytes) {
+    ++messages;
+    if (bytes <= kMaxOneMessageBytes) capacity = std::max(capacity, bytes);
+    step_max.push_back(capacity);
+  }
 };
 
 struct C10dTransport::State {
@@ -138,16 +182,21 @@ int C10dTransport::edge_tag(int64_t from_stage, int64_t to_stage, schedule::Lane
   return static_cast<int>(to_stage > from_stage ? 2 * from_stage : 2 * to_stage + 1);
 }
 
+int C10dTransport::payload_tag(int edge_tag) const {
+  // After every edge's tag (edge_tag) and the values' tag.
+  return edge_tag + static_cast<int>(2 * num_stages_ + 1 + num_stages_ * num_stages_);
+}
+
 void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int64_t tag,
                          schedule::Lane lane) {
   Edge& e = edge(from_stage, to_stage, lane);
   TORCH_CHECK_VALUE(rank_of(from_stage) == rank(), "rank ", rank(), " cannot send for stage ",
                     from_stage, ", which rank ", rank_of(from_stage), " runs");
   const int64_t kind = to_stage > from_stage ? kActivation : kGradient;
-  std::ostringstream what;
-  what << "the " << message_name(kind, lane) << " of micro-batch " << tag << " from stage "
-       << from_stage << " to stage " << to_stage << " (rank " << rank_of(to_stage) << ")";
-  check_not_failed("sending " + what.str());
+  const int peer = static_cast<int>(rank_of(to_stage));
+  const MessageName name{kind, lane, tag, from_stage, to_stage, peer, /*sending=*/true};
+  const What what = [name] { return name.str(); };
+  if (aborted()) throw_failure("sending " + what());
   const MessageMetadata meta = metadata_of(batch);
   if (kind == kActivation) {
     if (!e.agreed) e.agreed = meta;
@@ -165,7 +214,6 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
                       ", but the activation was ", describe(it->second));
     state_->sent.erase(it);
   }
-  const int peer = static_cast<int>(rank_of(to_stage));
   const int t = edge_tag(from_stage, to_stage, lane);
   const auto start = Clock::now();
   for (const auto& x : batch) {
@@ -174,38 +222,48 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
                       " sends one on ", x.device());
   }
   Backend& wire = backend(device_, t);
-  // One message when it fits the buffer the receiver posts (both ends know its size), so that
-  // a receive posted ahead takes the whole batch as soon as it is sent; else the header, then
-  // one message per tensor.
+  // One message when it fits the buffer the receiver posted for it, so that it lands as soon as
+  // it is sent; else the header, then one message per tensor on the payload tag.
   const MessageLayout layout = layout_of(meta);
-  const bool one_message = layout.bytes <= e.send_capacity;
-  e.send_capacity = std::max(e.send_capacity, layout.bytes);
-  const at::Tensor header = encode(kind, tag, from_stage, to_stage, meta, one_message);
+  const bool one_message =
+      layout.bytes <= e.posted_capacity(static_cast<int64_t>(e.step_max.size()));
+  e.record(layout.bytes);
+  const auto send = [&](at::Tensor message, int on_tag) {
+    std::vector<at::Tensor> tensors{std::move(message)};
+    ++messages_sent_;
+    sends_.push_back({post([&] { return wire.send(tensors, peer, on_tag); }, what, peer), peer,
+                      what});
+  };
   if (one_message) {
     const auto copying = Clock::now();
     at::NoGradGuard no_grad;  // bytes to send, not part of any graph
     at::Tensor buffer = at::empty({layout.bytes}, at::TensorOptions(at::kByte).device(device_));
-    buffer.narrow(0, 0, kHeaderBytes).view(at::kLong).copy_(header);
-    for (const auto k : c10::irange(meta.dtypes.size())) {
-      if (layout.offsets[k] < 0) continue;  // undefined
-      view_bytes(buffer, layout.offsets[k], meta.dtypes[k], meta.shapes[k]).copy_(batch[k]);
+    if (device_.is_cpu()) {
+      auto* bytes = static_cast<uint8_t*>(buffer.data_ptr());
+      encode(kind, tag, from_stage, to_stage, meta, true, reinterpret_cast<int64_t*>(bytes));
+      for (const auto k : c10::irange(meta.dtypes.size())) {
+        if (layout.offsets[k] < 0) continue;  // undefined
+        const at::Tensor& x = batch[k];
+        if (x.is_contiguous() && !x.is_conj() && !x.is_neg()) {
+          std::memcpy(bytes + layout.offsets[k], x.data_ptr(), x.nbytes());
+        } else {
+          view_bytes(buffer, layout.offsets[k], meta.dtypes[k], meta.shapes[k]).copy_(x);
+        }
+      }
+    } else {
+      buffer.narrow(0, 0, kHeaderBytes)
+          .copy_(encode(kind, tag, from_stage, to_stage, meta, true).view(at::kByte));
+      for (const auto k : c10::irange(meta.dtypes.size())) {
+        if (layout.offsets[k] < 0) continue;  // undefined
+        view_bytes(buffer, layout.offsets[k], meta.dtypes[k], meta.shapes[k]).copy_(batch[k]);
+      }
     }
     transfer_seconds_ += std::chrono::duration<double>(Clock::now() - copying).count();
-    std::vector<at::Tensor> message{buffer};
-    ++messages_sent_;
-    sends_.push_back(
-        {post([&] { return wire.send(message, peer, t); }, what.str(), peer), peer, what.str()});
+    send(std::move(buffer), t);
   } else {
-    std::vector<at::Tensor> message{header.to(device_)};
-    ++messages_sent_;
-    sends_.push_back(
-        {post([&] { return wire.send(message, peer, t); }, what.str(), peer), peer, what.str()});
+    send(encode(kind, tag, from_stage, to_stage, meta, false).view(at::kByte).to(device_), t);
     for (const auto& x : batch) {
-      if (!x.defined() || x.numel() == 0) continue;
-      std::vector<at::Tensor> payload{x.contiguous()};
-      ++messages_sent_;
-      sends_.push_back(
-          {post([&] { return wire.send(payload, peer, t); }, what.str(), peer), peer, what.str()});
+      if (x.defined() && x.numel() > 0) send(x.contiguous(), payload_tag(t));
     }
   }
   communication_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
@@ -217,21 +275,20 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag, sch
                     to_stage, ", which rank ", rank_of(to_stage), " runs");
   const int64_t kind = to_stage > from_stage ? kActivation : kGradient;
   const int64_t peer = rank_of(from_stage);
-  std::ostringstream what;
-  what << "the " << message_name(kind, lane) << " of micro-batch " << tag << " from stage "
-       << from_stage << " (rank " << peer << ") to stage " << to_stage;
-  check_not_failed("waiting for " + what.str());
-  const int t = edge_tag(from_stage, to_stage, lane);
-  if (!e.posted) post_receive(e, peer, t, what.str());
-  const PostedReceive posted = std::move(*e.posted);
-  e.posted.reset();
-  if (e.expected > 0) --e.expected;
-  wait(posted.work, what.str(), peer);
-  const Header h = decode(posted.buffer.narrow(0, 0, kHeaderBytes).view(at::kLong), rank(), peer);
+  const MessageName name{kind, lane, tag, from_stage, to_stage, peer, /*sending=*/false};
+  const What what = [name] { return name.str(); };
+  if (aborted()) throw_failure("waiting for " + what());
+  if (e.posted.empty()) {
+    ++e.unposted;  // this one, on demand
+    post_receive(e, from_stage, to_stage, lane);
+  }
+  const PostedReceive posted = std::move(e.posted.front());
+  e.posted.pop_front();
+  wait(posted.work, what, peer);
+  const Header h = decode(posted.buffer, rank(), peer);
   TORCH_CHECK_VALUE(h.kind == kind && h.tag == tag && h.from == from_stage && h.to == to_stage,
-                    "stage ", to_stage, " expected ", what.str(), ", but got the ",
-                    kind_name(h.kind), " of micro-batch ", h.tag, " from stage ", h.from,
-                    " to stage ", h.to);
+                    "stage ", to_stage, " expected ", what(), ", but got the ", kind_name(h.kind),
+                    " of micro-batch ", h.tag, " from stage ", h.from, " to stage ", h.to);
   if (kind == kActivation) {
     if (!e.agreed) e.agreed = h.meta;
     TORCH_CHECK_VALUE(agrees(h.meta, *e.agreed, /*any_batch=*/true), "stage ", to_stage,
@@ -249,6 +306,9 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag, sch
     state_->sent.erase(it);
   }
   const MessageLayout layout = layout_of(h.meta);
+  e.record(layout.bytes);
+  // The next receive goes out before this batch's own tensors are taken: it holds the next batch.
+  post_receives(e, from_stage, to_stage, lane);
   std::vector<at::Tensor> tensors;
   for (const auto k : c10::irange(h.meta.dtypes.size())) {
     if (h.meta.dtypes[k] == kUndefined) {
@@ -266,54 +326,88 @@ Batch C10dTransport::recv(int64_t from_stage, int64_t to_stage, int64_t tag, sch
     if (x.numel() > 0) {
       std::vector<at::Tensor> payload{x};
       const double before = communication_seconds_;
+      const int t = payload_tag(edge_tag(from_stage, to_stage, lane));
       Backend& wire = backend(device_, t);
-      wait(post([&] { return wire.recv(payload, static_cast<int>(peer), t); }, what.str(), peer),
-           what.str(), peer);
+      wait(post([&] { return wire.recv(payload, static_cast<int>(peer), t); }, what, peer), what,
+           peer);
       transfer_seconds_ += communication_seconds_ - before;
     }
     tensors.push_back(std::move(x));
   }
-  e.recv_capacity = std::max(e.recv_capacity, layout.bytes);
-  if (e.expected > 0) post_receive(e, peer, t, next_message(from_stage, to_stage));
   if (h.meta.atomic && tensors.size() == 1) return Batch(std::move(tensors[0]));
   return Batch(std::move(tensors));
 }
 
-void C10dTransport::post_receive(Edge& e, int64_t peer, int tag, const std::string& what) {
-  std::vector<at::Tensor> buffer{at::empty({std::max(e.recv_capacity, kHeaderBytes)},
+void C10dTransport::post_receive(Edge& e, int64_t from_stage, int64_t to_stage,
+                                 schedule::Lane lane) {
+  const int64_t peer = rank_of(from_stage);
+  const MessageName name{to_stage > from_stage ? kActivation : kGradient,
+                         lane,
+                         /*tag=*/-1,
+                         from_stage,
+                         to_stage,
+                         peer,
+                         /*sending=*/false};
+  std::vector<at::Tensor> buffer{at::empty({std::max(e.capacity, kHeaderBytes)},
                                            at::TensorOptions(at::kByte).device(device_))};
+  const int tag = edge_tag(from_stage, to_stage, lane);
   Backend& wire = backend(device_, tag);
-  auto work = post([&] { return wire.recv(buffer, static_cast<int>(peer), tag); }, what, peer);
-  e.posted = PostedReceive{std::move(work), buffer[0]};
+  auto work = post([&] { return wire.recv(buffer, static_cast<int>(peer), tag); },
+                   [name] { return name.str(); }, peer);
+  e.posted.push_back(PostedReceive{std::move(work), buffer[0]});
+  --e.unposted;
 }
 
-void C10dTransport::expect(int64_t from_stage, int64_t to_stage, int64_t count) {
+void C10dTransport::post_receives(Edge& e, int64_t from_stage, int64_t to_stage,
+                                  schedule::Lane lane) {
+  while (e.unposted > 0 && static_cast<int64_t>(e.posted.size()) < e.window) {
+    post_receive(e, from_stage, to_stage, lane);
+  }
+}
+
+void C10dTransport::expect(int64_t from_stage, int64_t to_stage, int64_t count,
+                           schedule::Lane lane) {
   TORCH_CHECK_VALUE(count >= 0, "count must be non-negative, but got ", count);
   TORCH_CHECK_VALUE(rank_of(to_stage) == rank(), "rank ", rank(), " cannot receive for stage ",
                     to_stage, ", which rank ", rank_of(to_stage), " runs");
-  Edge& e = edge(from_stage, to_stage, schedule::Lane::kPipeline);
-  e.expected = count;
-  if (count > 0 && !e.posted) {
-    post_receive(e, rank_of(from_stage), edge_tag(from_stage, to_stage, schedule::Lane::kPipeline),
-                 next_message(from_stage, to_stage));
-  }
+  Edge& e = edge(from_stage, to_stage, lane);
+  // Receives already posted take the first of them.
+  e.unposted = std::max<int64_t>(0, count - static_cast<int64_t>(e.posted.size()));
+  post_receives(e, from_stage, to_stage, lane);
 }
 
 void C10dTransport::flush() {
   std::vector<Send> sends;
   sends.swap(sends_);
   const double before = communication_seconds_;
-  for (const auto& send : sends) wait(send.work, "the receipt of " + send.what, send.peer);
+  for (const auto& send : sends) {
+    wait(send.work, [&send] { return "the receipt of " + send.what(); }, send.peer);
+  }
   transfer_seconds_ += communication_seconds_ - before;
 }
 
 void C10dTransport::begin_step() {
-  for (auto& [key, e] : state_->edges) e.agreed.reset();
+  const int64_t window =
+      options_.receive_window() > 0 ? options_.receive_window() : std::numeric_limits<int64_t>::max();
+  for (const auto& [key, e] : state_->edges) {
+    const auto& [from, to, lane] = key;
+    TORCH_CHECK_VALUE(e.posted.empty(), "rank ", rank(), " announced more messages from stage ",
+                      from, " to stage ", to, " in the last step than came: ", e.posted.size(),
+                      " receive(s) still posted");
+  }
+  for (auto& [key, e] : state_->edges) {
+    e.agreed.reset();
+    e.step_capacity = e.capacity;
+    e.step_max.clear();
+    e.unposted = 0;
+    // On the edge's first step its buffers' size is learnt message by message.
+    e.window = e.messages == 0 ? 1 : window;
+  }
 }
 
 void C10dTransport::send_to_rank(at::Tensor value, int64_t to_rank) {
-  const std::string what = "a value to rank " + std::to_string(to_rank);
-  check_not_failed("sending " + what);
+  const What what = [to_rank] { return "a value to rank " + std::to_string(to_rank); };
+  if (aborted()) throw_failure("sending " + what());
   const auto start = Clock::now();
   std::vector<at::Tensor> tensors{value.contiguous()};
   const int tag = value_tag(num_stages_);
@@ -325,8 +419,8 @@ void C10dTransport::send_to_rank(at::Tensor value, int64_t to_rank) {
 }
 
 void C10dTransport::post_recv_from_rank(int64_t from_rank, at::Tensor buffer) {
-  const std::string what = "a value from rank " + std::to_string(from_rank);
-  check_not_failed("waiting for " + what);
+  const What what = [from_rank] { return "a value from rank " + std::to_string(from_rank); };
+  if (aborted()) throw_failure("waiting for " + what());
   TORCH_CHECK_VALUE(state_->posted_values.count(from_rank) == 0, "a receive from rank ", from_rank,
                     " is already posted");
   std::vector<at::Tensor> tensors{buffer};
@@ -338,8 +432,8 @@ void C10dTransport::post_recv_from_rank(int64_t from_rank, at::Tensor buffer) {
 }
 
 at::Tensor C10dTransport::recv_from_rank(int64_t from_rank, at::Tensor buffer) {
-  const std::string what = "a value from rank " + std::to_string(from_rank);
-  check_not_failed("waiting for " + what);
+  const What what = [from_rank] { return "a value from rank " + std::to_string(from_rank); };
+  if (aborted()) throw_failure("waiting for " + what());
   auto it = state_->posted_values.find(from_rank);
   if (it == state_->posted_values.end()) {
     post_recv_from_rank(from_rank, buffer);
@@ -351,13 +445,15 @@ at::Tensor C10dTransport::recv_from_rank(int64_t from_rank, at::Tensor buffer) {
   return posted.buffer;
 }
 
-void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what,
+void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const What& what,
                          int64_t peer) {
+  bool was_aborted = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    was_aborted = aborted_;
     if (!aborted_) waiting_.push_back(work);
   }
-  check_not_failed("waiting for " + what);
+  if (was_aborted) throw_failure("waiting for " + what());
   const auto start = Clock::now();
   monitor_->set_waiting_for(peer);  // to find a silent rank
   bool done = false;
@@ -393,19 +489,18 @@ void C10dTransport::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::
   }
   // A failed wait still counts as waiting for `peer`: ranks that wait for this one, and look
   // for the silent rank meanwhile, follow it on to `peer`.
-  if (!done && error.empty()) throw_failure("waiting for " + what);  // aborted
-  peer_failed(what, peer, error,
+  if (!done && error.empty()) throw_failure("waiting for " + what());  // aborted
+  peer_failed(what(), peer, error,
               seconds * 1000 >= 0.9 * static_cast<double>(options_.timeout().count()));
 }
 
 c10::intrusive_ptr<c10d::Work> C10dTransport::post(
-    const std::function<c10::intrusive_ptr<c10d::Work>()>& start, const std::string& what,
-    int64_t peer) {
+    const std::function<c10::intrusive_ptr<c10d::Work>()>& start, const What& what, int64_t peer) {
   try {
     return start();
   } catch (const std::exception& e) {
     // Gloo refuses to post on a connection that is already closed.
-    peer_failed(what, peer, detail::message_of(e), /*timed_out=*/false);
+    peer_failed(what(), peer, detail::message_of(e), /*timed_out=*/false);
   }
 }
 
@@ -443,10 +538,6 @@ void C10dTransport::throw_failure(const std::string& what) {
   std::optional<std::string> first = failure();
   TORCH_CHECK(false, first ? *first : std::string("the transport was aborted"), " (rank ", rank(),
               " stopped ", what, ")");
-}
-
-void C10dTransport::check_not_failed(const std::string& what) {
-  if (aborted()) throw_failure(what);
 }
 
 bool C10dTransport::aborted() const {

@@ -15,6 +15,7 @@
 #include "detail/message_of.h"
 #include "detail/stream.h"
 #include "gpipe/amp/grad_scaler.h"
+#include "gpipe/schedule/predict.h"
 #include "gpipe/schedule/run_actions.h"
 
 #include <ATen/Functions.h>
@@ -24,10 +25,13 @@
 #include <c10/util/irange.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <map>
 #include <optional>
+#include <set>
+#include <tuple>
 #include <utility>
 
 namespace gpipe {
@@ -131,15 +135,20 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
   schedules_ =
       std::make_unique<detail::ScheduleCache>(options_.schedule(), P, num_stages_,
                                               /*queue_capacity=*/0, options_.custom_schedule());
-  transport_ = std::make_unique<C10dTransport>(std::move(group), num_stages_,
-                                               C10dTransportOptions()
-                                                   .timeout(options_.timeout())
-                                                   .poll_interval(options_.poll_interval())
-                                                   .pipeline_size(P)
-                                                   .placement(placement)
-                                                   .device(device));
   // Fails early for a schedule that cannot run these stages.
   schedules_->prepare();
+  TORCH_CHECK_VALUE(options_.receive_window() >= 0, "receive_window must be non-negative, but got ",
+                    options_.receive_window());
+  transport_ = std::make_unique<C10dTransport>(
+      std::move(group), num_stages_,
+      C10dTransportOptions()
+          .timeout(options_.timeout())
+          .poll_interval(options_.poll_interval())
+          .pipeline_size(P)
+          .placement(placement)
+          .device(device)
+          .receive_window(options_.receive_window() > 0 ? options_.receive_window()
+                                                        : automatic_receive_window()));
   // Every rank aligns its clock, traced or not (rank 0 answers the others whatever its own
   // options), before the barrier: no rank is still aligning when another steps.
   const TimelineOrigin origin =
@@ -207,16 +216,58 @@ double PipelineStage::clip_grad_norm(double max_norm, double norm_type, bool err
   return parameters_->clip_grad_norm(max_norm, norm_type, error_if_nonfinite);
 }
 
+int64_t PipelineStage::automatic_receive_window() {
+  const schedule::Schedule& plan = schedules_->get(
+      options_.custom_schedule()
+          ? options_.custom_schedule()->num_microbatches
+          : std::max(options_.chunks(), schedule::min_microbatches(options_.schedule(), num_stages_)));
+  const auto live =
+      schedule::predict(plan, schedule::ActionCosts::unit(num_stages_)).peak_live_microbatches;
+  return std::max<int64_t>(1, *std::max_element(live.begin(), live.end()));
+}
+
 void PipelineStage::expect_receives(const std::vector<schedule::Action>& actions) {
-  std::map<std::pair<int64_t, int64_t>, int64_t> receives;  // per (from, to) stage
+  using schedule::ActionKind;
+  using schedule::Lane;
+  // A message from a stage of this rank never reaches the transport (run_actions.h).
+  const auto elsewhere = [this](int64_t stage) { return by_index_[stage] == nullptr; };
+  std::map<std::tuple<int64_t, int64_t, Lane>, int64_t> receives;  // per (from, to, lane)
+  // A forward takes one skip message from each other stage whose stashes it pops, a backward
+  // one from each that pops its stashes (run_actions.h).
+  const auto skips_from = [&](const std::vector<skip::SkipRoute>& routes, int64_t stage) {
+    std::set<int64_t> others;
+    for (const auto& route : routes) {
+      const auto other = static_cast<int64_t>(route.stash_partition) == stage
+                             ? static_cast<int64_t>(route.pop_partition)
+                             : static_cast<int64_t>(route.stash_partition);
+      if (elsewhere(other)) others.insert(other);
+    }
+    for (const int64_t other : others) ++receives[{other, stage, Lane::kSkip}];
+  };
   for (const auto& a : actions) {
-    const int64_t from = a.kind == schedule::ActionKind::kRecvActivation ? a.stage - 1
-                         : a.kind == schedule::ActionKind::kRecvGradient ? a.stage + 1
-                                                                         : -1;
-    // A message from a stage of this rank never reaches the transport (run_actions.h).
-    if (from >= 0 && by_index_[from] == nullptr) ++receives[{from, a.stage}];
+    const schedule::Stage& stage = *by_index_[a.stage];
+    switch (a.kind) {
+      case ActionKind::kRecvActivation:
+        if (elsewhere(a.stage - 1)) ++receives[{a.stage - 1, a.stage, Lane::kPipeline}];
+        break;
+      case ActionKind::kRecvGradient:
+        if (elsewhere(a.stage + 1)) ++receives[{a.stage + 1, a.stage, Lane::kPipeline}];
+        break;
+      case ActionKind::kForward:
+        skips_from(stage.skip_pops(), a.stage);
+        break;
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput:
+        skips_from(stage.skip_stashes(), a.stage);
+        break;
+      default:
+        break;
+    }
   }
-  for (const auto& [edge, count] : receives) transport_->expect(edge.first, edge.second, count);
+  for (const auto& [edge, count] : receives) {
+    const auto& [from, to, lane] = edge;
+    transport_->expect(from, to, count, lane);
+  }
 }
 
 schedule::Evaluation PipelineStage::run(const Batch& input, const Batch* target, bool training) {

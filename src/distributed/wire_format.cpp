@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace gpipe {
@@ -97,38 +98,45 @@ MessageLayout layout_of(const MessageMetadata& meta) {
 
 at::Tensor view_bytes(const at::Tensor& buffer, int64_t offset, int64_t dtype,
                       const std::vector<int64_t>& shape) {
-  const auto type = static_cast<c10::ScalarType>(dtype);
-  const int64_t numel = c10::multiply_integers(shape);
-  const int64_t size = numel * static_cast<int64_t>(c10::elementSize(type));
-  return buffer.narrow(0, offset, size).view(type).view(shape);
+  // One tensor over the buffer's bytes: cheaper than narrowing and viewing it (three ops).
+  auto* data = static_cast<uint8_t*>(buffer.data_ptr()) + offset;
+  return at::from_blob(
+      data, shape, [keep = buffer](void*) {},
+      at::TensorOptions(static_cast<c10::ScalarType>(dtype)).device(buffer.device()));
+}
+
+void encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const MessageMetadata& meta,
+            bool one_message, int64_t* header) {
+  int64_t entries = 8;
+  for (const auto& shape : meta.shapes) entries += 2 + static_cast<int64_t>(shape.size());
+  TORCH_CHECK_VALUE(entries <= kHeaderSize, "stage ", from, " cannot send the metadata of ",
+                    meta.dtypes.size(), " tensors ", describe(meta), " to stage ", to,
+                    ": it needs ", entries, " header entries, but a header holds ", kHeaderSize);
+  int64_t* h = header;
+  *h++ = kMagic;
+  *h++ = kind;
+  *h++ = tag;
+  *h++ = from;
+  *h++ = to;
+  *h++ = meta.atomic ? 1 : 0;
+  *h++ = static_cast<int64_t>(meta.dtypes.size());
+  *h++ = one_message ? 1 : 0;
+  for (const auto k : c10::irange(meta.dtypes.size())) {
+    *h++ = meta.dtypes[k];
+    *h++ = static_cast<int64_t>(meta.shapes[k].size());
+    h = std::copy(meta.shapes[k].begin(), meta.shapes[k].end(), h);
+  }
+  std::fill(h, header + kHeaderSize, 0);
 }
 
 at::Tensor encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const MessageMetadata& meta,
                   bool one_message) {
-  std::vector<int64_t> h{kMagic,
-                         kind,
-                         tag,
-                         from,
-                         to,
-                         meta.atomic ? 1 : 0,
-                         static_cast<int64_t>(meta.dtypes.size()),
-                         one_message ? 1 : 0};
-  for (const auto k : c10::irange(meta.dtypes.size())) {
-    h.push_back(meta.dtypes[k]);
-    h.push_back(static_cast<int64_t>(meta.shapes[k].size()));
-    h.insert(h.end(), meta.shapes[k].begin(), meta.shapes[k].end());
-  }
-  TORCH_CHECK_VALUE(static_cast<int64_t>(h.size()) <= kHeaderSize, "stage ", from,
-                    " cannot send the metadata of ", meta.dtypes.size(), " tensors ",
-                    describe(meta), " to stage ", to, ": it needs ", h.size(),
-                    " header entries, but a header holds ", kHeaderSize);
-  h.resize(kHeaderSize, 0);
-  return at::tensor(h, at::kLong);
+  at::Tensor header = at::empty({kHeaderSize}, at::kLong);
+  encode(kind, tag, from, to, meta, one_message, header.data_ptr<int64_t>());
+  return header;
 }
 
-Header decode(const at::Tensor& received, int64_t rank, int64_t peer) {
-  const at::Tensor tensor = received.to(at::kCPU);  // a NCCL message's header is on its GPU
-  const int64_t* h = tensor.data_ptr<int64_t>();
+Header decode(const int64_t* h, int64_t rank, int64_t peer) {
   TORCH_CHECK_VALUE(h[0] == kMagic, "rank ", rank, " received a message from rank ", peer,
                     " that is not a gpipe header: is rank ", peer, " running the same program?");
   Header header{h[1], h[2], h[3], h[4], {}, h[7] != 0};
@@ -143,6 +151,13 @@ Header decode(const at::Tensor& received, int64_t rank, int64_t peer) {
     at += ndim;
   }
   return header;
+}
+
+Header decode(const at::Tensor& received, int64_t rank, int64_t peer) {
+  if (received.is_cpu()) return decode(static_cast<const int64_t*>(received.data_ptr()), rank, peer);
+  // A NCCL message's header is on its GPU.
+  const at::Tensor header = received.narrow(0, 0, kHeaderBytes).to(at::kCPU);
+  return decode(static_cast<const int64_t*>(header.data_ptr()), rank, peer);
 }
 
 }  // namespace distributed

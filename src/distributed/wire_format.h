@@ -58,13 +58,21 @@ bool agrees(const MessageMetadata& a, const MessageMetadata& b, bool any_batch);
 // A gradient matches its activation: each tensor undefined or of the activation's dtype and shape.
 bool fits(const MessageMetadata& grad, const MessageMetadata& activation);
 MessageLayout layout_of(const MessageMetadata& meta);
-// The bytes of `buffer` at `offset` as a tensor of `dtype` and `shape` (a view, no copy).
+// The bytes of `buffer` at `offset` as a tensor of `dtype` and `shape` (no copy: it keeps the
+// buffer alive).
 at::Tensor view_bytes(const at::Tensor& buffer, int64_t offset, int64_t dtype,
                       const std::vector<int64_t>& shape);
-// The header of a message; throws c10::ValueError if the metadata does not fit in one.
+// Writes the header of a message into `header` (kHeaderSize values); throws c10::ValueError if
+// the metadata does not fit in one.
+void encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const MessageMetadata& meta,
+            bool one_message, int64_t* header);
+// The same as a tensor of kHeaderSize int64 values on the CPU.
 at::Tensor encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const MessageMetadata& meta,
                   bool one_message);
-// Reads a header received by `rank` from `peer`; throws c10::ValueError for one that is not.
+// Reads a header (kHeaderSize values) received by `rank` from `peer`; throws c10::ValueError for
+// one that is not.
+Header decode(const int64_t* header, int64_t rank, int64_t peer);
+// The same from the first kHeaderBytes of a received byte buffer, on any device.
 Header decode(const at::Tensor& received, int64_t rank, int64_t peer);
 
 }  // namespace distributed

@@ -54,6 +54,8 @@ Prediction predict(const Schedule& schedule, const ActionCosts& costs) {
   TORCH_CHECK_VALUE(
       costs.message_bytes.empty() || static_cast<int64_t>(costs.message_bytes.size()) >= S,
       "costs: message_bytes has ", costs.message_bytes.size(), " entries for ", S, " stages");
+  TORCH_CHECK_VALUE(costs.receive_window >= 0, "costs: receive_window must be non-negative, but is ",
+                    costs.receive_window);
 
   const int64_t W = schedule.num_workers;
   Prediction prediction;
@@ -64,8 +66,14 @@ Prediction predict(const Schedule& schedule, const ActionCosts& costs) {
     prediction.begin[w].resize(schedule.actions[w].size());
     prediction.end[w].resize(schedule.actions[w].size());
   }
-  // When each message on an edge (from, to) arrives, in the order sent.
-  std::map<std::pair<int64_t, int64_t>, std::deque<double>> arrivals;
+  // Per edge (from, to): when its messages were sent and how long each takes once on its way,
+  // in the order sent; when each receive ended.
+  struct Edge {
+    std::deque<std::pair<double, double>> sent;  // (time, transfer)
+    std::vector<double> received;
+  };
+  std::map<std::pair<int64_t, int64_t>, Edge> edges;
+  const int64_t window = costs.receive_window;
   std::vector<double> clock(W, 0);
   std::vector<size_t> next(W, 0);
   for (bool progressed = true; progressed;) {
@@ -91,13 +99,21 @@ Prediction predict(const Schedule& schedule, const ActionCosts& costs) {
               schedule.worker_of(to) == w
                   ? 0
                   : costs.latency + static_cast<double>(bytes) * costs.seconds_per_byte;
-          arrivals[{a.stage, to}].push_back(clock[w] + transfer);
+          edges[{a.stage, to}].sent.emplace_back(clock[w], transfer);
         } else {
           const int64_t from = a.kind == ActionKind::kRecvActivation ? a.stage - 1 : a.stage + 1;
-          auto& queue = arrivals[{from, a.stage}];
-          if (queue.empty()) break;  // not sent yet: back to this worker once it is
-          clock[w] = std::max(clock[w], queue.front());
-          queue.pop_front();
+          Edge& edge = edges[{from, a.stage}];
+          if (edge.sent.empty()) break;  // not sent yet: back to this worker once it is
+          const auto [sent, transfer] = edge.sent.front();
+          edge.sent.pop_front();
+          // Message k leaves once the sender hears that its receive is posted.
+          const auto k = static_cast<int64_t>(edge.received.size());
+          double leaves = sent;
+          if (window > 0 && k >= window && schedule.worker_of(from) != w) {
+            leaves = std::max(sent, edge.received[k - window] + costs.latency);
+          }
+          clock[w] = std::max(clock[w], leaves + transfer);
+          edge.received.push_back(clock[w]);
         }
         prediction.begin[w][next[w]] = begin;
         prediction.end[w][next[w]] = clock[w];

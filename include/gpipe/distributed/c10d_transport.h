@@ -4,18 +4,25 @@
 // Stage s runs on rank s % world_size, or as the V placement says (schedule/action.h), of the
 // world or of this rank's block of P ranks, with several pipelines side by side: pipeline_size. A
 // batch starts with a fixed-size header (int64: kind, micro-batch, stages, and per tensor its dtype
-// and shape), all on the directed edge's own tag, so edges between the same two ranks (interleaved
+// and shape), on the directed edge's own tag, so edges between the same two ranks (interleaved
 // schedules) never mix, nor do the two lanes of an edge (schedule/transport.h): the skip lane's
-// edges, between any two stages, are tagged after the pipeline's. A batch no larger than the
-// largest before it on its edge travels as one message, header and tensors' bytes together, into a
-// buffer of that size (received tensors are views of it); a larger one, such as the edge's first,
-// as the header and then one message per non-empty tensor. Sends are asynchronous: their work is
-// kept until flush().
+// edges, between any two stages, are tagged after the pipeline's. A batch that fits the buffer
+// the receiver posted for it travels as one message, header and tensors' bytes together (received
+// tensors are views of that buffer); a larger one, such as the edge's first, as the header and
+// then one message per non-empty tensor on the edge's payload tag. Sends are asynchronous: their
+// work is kept until flush().
 //
-// Why one message and receives posted ahead (expect()): Gloo writes a send only once the
-// receiver has posted its receive. Posted on demand, a batch started moving when the receiving
-// rank asked for it, and only after the sending rank's Gloo thread won a core from its compute
-// thread; posted ahead, the sender writes it at once from its own thread.
+// Messages in flight (expect()): Gloo writes a send only once the receiver has posted its
+// receive, so a receive posted on demand costs a round trip before the batch moves, and the
+// sending rank's Gloo thread must win a core from its compute thread. So the receiver posts the
+// step's receives ahead, up to a window per edge and lane (receive_window): the sender writes
+// each batch at once from its own thread. Several receives posted on one tag take the messages in
+// the order they were sent (Gloo matches them first in, first out per peer and tag; NCCL keeps a
+// backend per tag), which is why a split batch's tensors go on a tag of their own: they must not
+// land in a receive posted for the edge's next batch. A buffer is posted with the largest message
+// that had arrived on the edge by then, and the sender knows which that was (posted_capacity in
+// the source), so both ends agree whether a batch fits. On an edge's first step the window is 1,
+// so that its capacity is learnt before receives are posted deep.
 //
 // Metadata: the first message on each edge (in each step: begin_step()) fixes the edge's metadata
 // (number of tensors, dtypes, shapes but the batch dimension); each later one must agree, and a
@@ -91,6 +98,11 @@ struct C10dTransportOptions {
   /// The device of this rank's stages: every tensor sent is on it and every batch received lands
   /// on it. CPU goes over Gloo, CUDA over NCCL. Default: CPU.
   TORCH_ARG(c10::Device, device) = c10::Device(c10::kCPU);
+
+  /// The most receives posted ahead on one edge and lane (expect()); 0 for every one a step
+  /// announces. Each holds a buffer as large as the edge's largest batch. Every rank of a
+  /// pipeline must use the same window. Default: 0.
+  TORCH_ARG(int64_t, receive_window) = 0;
 };
 
 /// Moves Batches between stages on different ranks.
@@ -126,16 +138,18 @@ class C10dTransport : public schedule::Transport {
 
   /// Starts a step: forgets the metadata agreed in the last one, so shapes may change from step
   /// to step (e.g. sequence lengths), not within one. Both ends of an edge call it between the
-  /// same messages.
+  /// same messages. Throws c10::ValueError if a receive posted ahead in the last step is still
+  /// waiting for its message (more were announced than came).
   void begin_step();
 
-  /// Announces that this step receives `count` more messages on the pipeline lane of the edge
-  /// from `from_stage` to this rank's `to_stage`: each receive is then posted as soon as the one
-  /// before has arrived (the first now), so a sender never waits for this rank to ask. Announce
-  /// only batches that will come: a receive posted for one that does not would take the edge's next
-  /// message, even a later transport's on the same group. Throws c10::ValueError for a negative
-  /// count or a stage this rank does not run.
-  void expect(int64_t from_stage, int64_t to_stage, int64_t count);
+  /// Announces that the edge's next `count` messages on `lane` from `from_stage` to this rank's
+  /// `to_stage` come in this step: their receives are posted ahead, up to receive_window at a
+  /// time (1 on the edge's first step), each next one as soon as a message has arrived, so a
+  /// sender never waits for this rank to ask. Announce only batches that will come: a receive
+  /// posted for one that does not would take the edge's next message. Throws c10::ValueError for
+  /// a negative count, a stage this rank does not run, or a stage with no such edge.
+  void expect(int64_t from_stage, int64_t to_stage, int64_t count,
+              schedule::Lane lane = schedule::Lane::kPipeline);
 
   /// Sends `value` from this rank to `to_rank` outside the stages' edges (e.g. the loss), and
   /// receives one into `buffer` (or into the buffer of the receive posted ahead with
@@ -186,24 +200,30 @@ class C10dTransport : public schedule::Transport {
   struct Edge;   // c10d_transport.cpp
   struct State;  // the edges, what was sent on them, the receives posted ahead
 
+  // What a send or receive moves, in words: made only for an error.
+  using What = std::function<std::string()>;
+
   Edge& edge(int64_t from_stage, int64_t to_stage, schedule::Lane lane);
   // The backend that carries tensors of `device` with tag `tag`: Gloo for CPU, else the tag's
   // NCCL backend (made on first use).
   Backend& backend(const c10::Device& device, int tag);
-  // Posts the receive of the edge's next message into a buffer of its recv_capacity.
-  void post_receive(Edge& e, int64_t peer, int tag, const std::string& what);
+  // Posts the receive of the edge's next unposted message (see the file comment).
+  void post_receive(Edge& e, int64_t from_stage, int64_t to_stage, schedule::Lane lane);
+  // Posts receives while the edge has announced ones left and fewer than its window posted.
+  void post_receives(Edge& e, int64_t from_stage, int64_t to_stage, schedule::Lane lane);
   int edge_tag(int64_t from_stage, int64_t to_stage, schedule::Lane lane) const;
+  // The tag of the tensors of the edge's batches that travel apart from their header.
+  int payload_tag(int edge_tag) const;
   // Waits for `work`, abortable by the watcher. On failure records and throws; `what` and
   // `peer` describe what was awaited.
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what, int64_t peer);
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const What& what, int64_t peer);
   // Posts a send or receive; if Gloo refuses (a closed connection), the peer failed.
   c10::intrusive_ptr<c10d::Work> post(const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
-                                      const std::string& what, int64_t peer);
+                                      const What& what, int64_t peer);
   // Records the failure that explains a failed wait for `peer` and throws.
   [[noreturn]] void peer_failed(const std::string& what, int64_t peer, const std::string& error,
                                 bool timed_out);
   [[noreturn]] void throw_failure(const std::string& what);
-  void check_not_failed(const std::string& what);
   // True once abort() ran (also on any failure): waits must end.
   bool aborted() const;
 
@@ -217,7 +237,7 @@ class C10dTransport : public schedule::Transport {
   struct Send {
     c10::intrusive_ptr<c10d::Work> work;
     int64_t peer;
-    std::string what;
+    What what;
   };
   std::vector<Send> sends_;                          // outstanding sends
   std::map<int, c10::intrusive_ptr<Backend>> nccl_;  // per tag, for CUDA tensors

@@ -101,6 +101,13 @@ struct PipelineStageOptions : schedule::ScheduleOptions<PipelineStageOptions> {
   /// anywhere; the loss comes back on the CPU. Default: cuda:LOCAL_RANK where CUDA is available,
   /// else the CPU.
   TORCH_ARG(c10::optional<c10::Device>, device) = c10::nullopt;
+
+  /// The most receives each rank posts ahead on one edge (c10d_transport.h), so that senders
+  /// never wait for a receiving rank to ask; each holds a buffer as large as the edge's largest
+  /// message. 0 for the most micro-batches any stage holds at once under the schedule with
+  /// `chunks` micro-batches (the whole step's under GPipe, about the number of stages under
+  /// 1F1B): memory the stages need anyway. Default: 0.
+  TORCH_ARG(int64_t, receive_window) = 0;
 };
 
 /// The device a rank uses by default: cuda:LOCAL_RANK where LibTorch sees CUDA devices, else the
@@ -179,8 +186,10 @@ class PipelineStage {
  private:
   // A training step, or an evaluation.
   schedule::Evaluation run(const Batch& input, const Batch* target, bool training);
-  // Announces to the transport the receives of `actions` (this rank's).
+  // Announces to the transport the receives of `actions` (this rank's), on both lanes.
   void expect_receives(const std::vector<schedule::Action>& actions);
+  // The receive window of receive_window(0): the schedule's peak of live micro-batches.
+  int64_t automatic_receive_window();
 
   PipelineStageOptions options_;
   schedule::LossFunction loss_;

@@ -5,8 +5,11 @@
 // The model: each worker runs its actions in order, one at a time. A compute action takes its
 // stage's cost of that kind. A send takes no time of its worker; its message arrives `latency`
 // plus its bytes times `seconds_per_byte` later, or at once between two stages of one worker. A
-// receive waits until its message has arrived. Nothing else is shared: workers never slow each
-// other down (on a machine with fewer cores than workers they do, and the prediction is short).
+// receive waits until its message has arrived. With a receive window of w (the receives posted
+// ahead per edge, distributed/c10d_transport.h), message k of an edge leaves only once its receive
+// is posted, when the receive of message k - w has ended, and the sender hears of it `latency`
+// later. Nothing else is shared: workers never slow each other down (on a machine with fewer
+// cores than workers they do, and the prediction is short).
 //
 // Costs come from a trace of real steps (costs_from_trace) or are given, e.g. ActionCosts::unit
 // for the unit-time pictures of the papers: there the bubble of GPipe and 1F1B is
@@ -35,6 +38,10 @@ struct ActionCosts {
   /// Per stage: the bytes of the activation it sends per micro-batch; its gradient comes back
   /// as large. Empty for none.
   std::vector<int64_t> message_bytes;
+  /// Receives posted ahead per edge between two workers: the step's first `receive_window`
+  /// messages of an edge find theirs posted; each later one waits for the receive of the one
+  /// `receive_window` before it to end. 0 for every receive posted as the step starts.
+  int64_t receive_window = 0;
 
   /// Every stage's forward 1, backward 2, each half 1; messages free.
   static ActionCosts unit(int64_t num_stages);
@@ -56,7 +63,7 @@ struct Prediction {
 };
 
 /// Predicts `schedule` under `costs`. Throws c10::ValueError for an invalid schedule
-/// (validate.h), or for costs with fewer entries than stages or negative.
+/// (validate.h), or for costs with fewer entries than stages, negative, or a negative window.
 Prediction predict(const Schedule& schedule, const ActionCosts& costs);
 
 /// The median duration of each compute kind per stage among `events` (a tracer's, trace.h), in
