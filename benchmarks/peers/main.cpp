@@ -33,7 +33,9 @@
 //
 // Usage: peers [--rounds N] [--steps R] [--warmup K] [--models compute,small]
 //              [--processes 2,4] [--schedules gpipe,1f1b,...] [--compute-batch N]
-//              [--compute-chunks M] [--python PY] [--timeout S] [--json FILE]
+//              [--compute-chunks M] [--receive-window W] [--python PY] [--timeout S]
+//              [--json FILE]
+// --receive-window: gpipe's PipelineStageOptions::receive_window (default 0, automatic).
 // --python defaults to $GPIPE_VENV/bin/python, else ~/.cache/gpipe/venv/bin/python.
 #include "common/bench_util.h"
 
@@ -88,6 +90,7 @@ struct Config {
   int64_t processes = 2;
   std::string schedule;
   int64_t steps = 3, warmup = 1;
+  int64_t receive_window = 0;  // gpipe's PipelineStageOptions::receive_window
 };
 
 int64_t stages_per_rank(const std::string& schedule) {
@@ -161,6 +164,7 @@ int run_rank(const Config& c, const std::string& out) {
   const int64_t rank = group.rank();
   gpipe::distributed::PipelineStage pipe(group, model, balance, mse,
                                          gpipe::distributed::PipelineStageOptions(c.model.chunks)
+                                             .receive_window(c.receive_window)
                                              .schedule(gs::parse_schedule_kind(c.schedule))
                                              .stages_per_worker(per_rank));
   const int64_t rss_before = settled_rss_kib();
@@ -393,6 +397,7 @@ int main(int argc, char** argv) {
   gpipe::memory::reuse_freed_cpu_memory();
   set_blas_threads(1);
   int64_t rounds = 2, steps = 3, warmup = 1, compute_batch = 4096, compute_chunks = 8;
+  int64_t receive_window = 0;
   double timeout = 600;
   std::string models = "compute,small", processes = "2,4",
               schedules = "gpipe,1f1b,interleaved_1f1b,zb1p,interleaved_zb1p,zbv",
@@ -405,6 +410,7 @@ int main(int argc, char** argv) {
                                        {"--warmup", &warmup},
                                        {"--compute-batch", &compute_batch},
                                        {"--compute-chunks", &compute_chunks},
+                                       {"--receive-window", &receive_window},
                                        {"--width", &width},
                                        {"--layers", &layers},
                                        {"--batch", &batch},
@@ -421,7 +427,7 @@ int main(int argc, char** argv) {
           "usage: peers [--rounds N] [--steps R] [--warmup K] [--models compute,small]\n"
           "             [--processes 2,4] [--schedules gpipe,1f1b,interleaved_1f1b,zb1p,\n"
           "             interleaved_zb1p,zbv] [--compute-batch N] [--compute-chunks M]\n"
-          "             [--python PY] [--timeout S] [--json FILE]\n"
+          "             [--receive-window W] [--python PY] [--timeout S] [--json FILE]\n"
           "gpipe's ranks against torch.distributed.pipelining (see benchmarks/peers/main.cpp)\n");
       return 0;
     }
@@ -441,7 +447,8 @@ int main(int argc, char** argv) {
     }
   }
   if (!rank_output.empty()) {
-    Config c{{"", width, layers, batch, chunks}, world, rank_schedule, steps, warmup};
+    Config c{{"", width, layers, batch, chunks}, world, rank_schedule, steps, warmup,
+             receive_window};
     return run_rank(c, rank_output);
   }
 
@@ -499,6 +506,8 @@ int main(int argc, char** argv) {
           std::vector<std::string> gp_command{"/proc/self/exe", "--world", procs, "--rank-output",
                                               prefix + "_gpipe"};
           gp_command.insert(gp_command.end(), shape.begin(), shape.end());
+          gp_command.insert(gp_command.end(),
+                            {"--receive-window", std::to_string(receive_window)});
           std::vector<std::string> pt_command{python, script, "--out", prefix + "_torch"};
           pt_command.insert(pt_command.end(), shape.begin(), shape.end());
           for (int k = 0; k < 2; ++k) {

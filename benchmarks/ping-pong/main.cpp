@@ -2,8 +2,9 @@
 // tensor: 2 processes on this machine bounce a float tensor back and forth, over sizes from
 // 256 B to 64 MiB. Rank 0 times the round trips.
 //
-//   raw        ProcessGroupGloo::send / recv of the tensor; each side posts its next receive
-//              before it sends (the best a caller of Gloo can do).
+//   raw        ProcessGroupGloo::send / recv of the tensor; each side posts its next receive,
+//              into a new tensor as a pipeline's stage needs one per micro-batch, before it
+//              sends (the best a caller of Gloo can do).
 //   transport  C10dTransport::send of the tensor as stage 0's activation and recv of it as
 //              stage 1's, the same back as its gradient, in steps of 32 round trips as
 //              PipelineStage runs them: begin_step(), the step's receives announced with
@@ -44,21 +45,27 @@ void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
 
 // `n` round trips over raw Gloo; rank 0 returns the seconds.
 double raw(gd::Backend& gloo, int64_t rank, at::Tensor x, int64_t n) {
-  std::vector<at::Tensor> out{x}, in{at::empty_like(x)};
+  std::vector<at::Tensor> out{x};
   const int peer = static_cast<int>(1 - rank);
   const auto start = Clock::now();
   if (rank == 0) {
     for (int64_t k = 0; k < n; ++k) {
+      std::vector<at::Tensor> in{at::empty_like(x)};
       auto recv = gloo.recv(in, peer, kRawTag);
       wait(gloo.send(out, peer, kRawTag));
       wait(recv);
     }
   } else {
+    std::vector<at::Tensor> in{at::empty_like(x)};
     auto recv = gloo.recv(in, peer, kRawTag);
     for (int64_t k = 0; k < n; ++k) {
       wait(recv);
-      if (k + 1 < n) recv = gloo.recv(in, peer, kRawTag);
-      wait(gloo.send(out, peer, kRawTag));
+      std::vector<at::Tensor> got = in;
+      if (k + 1 < n) {
+        in = {at::empty_like(x)};
+        recv = gloo.recv(in, peer, kRawTag);
+      }
+      wait(gloo.send(got, peer, kRawTag));  // sends back what it received
     }
   }
   return seconds_since(start);

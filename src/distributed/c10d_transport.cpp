@@ -32,9 +32,11 @@ struct PostedReceive {
   at::Tensor buffer;
 };
 
-// The largest batch that travels as one message: copying a larger one into the message costs
-// more than the round trip its tensors' own receives add (about 0.1 ms over loopback).
-constexpr int64_t kMaxOneMessageBytes = 256 << 10;
+// The largest batch that travels as one message, copied into it. A split batch's tensors travel
+// uncopied, but only once the receiver asks for them: on the step's critical path. Below this,
+// the copy (memory the allocator reuses, gpipe/cpu_malloc.h) costs less than that wait; above
+// it, every buffer is a fresh mapping whose pages fault in as the copy writes them.
+constexpr int64_t kMaxOneMessageBytes = 32 << 20;
 
 // The tag of values between ranks (send_to_rank), after the edges' tags (edge_tag).
 int value_tag(int64_t num_stages) { return static_cast<int>(2 * num_stages); }
