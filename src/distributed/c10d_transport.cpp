@@ -13,9 +13,9 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
-#include <limits>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -244,8 +244,8 @@ void C10dTransport::send(Batch batch, int64_t from_stage, int64_t to_stage, int6
       auto* bytes = static_cast<uint8_t*>(buffer.data_ptr());
       encode(kind, tag, from_stage, to_stage, meta, true, reinterpret_cast<int64_t*>(bytes));
       for (const auto k : c10::irange(meta.dtypes.size())) {
-        if (layout.offsets[k] < 0) continue;  // undefined
         const at::Tensor& x = batch[k];
+        if (layout.offsets[k] < 0 || x.numel() == 0) continue;  // undefined or no bytes
         if (x.is_contiguous() && !x.is_conj() && !x.is_neg()) {
           std::memcpy(bytes + layout.offsets[k], x.data_ptr(), x.nbytes());
         } else {
