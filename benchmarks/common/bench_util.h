@@ -151,6 +151,38 @@ inline int free_port() {
   return found ? ntohs(address.sin_port) : 0;
 }
 
+/// Runs this program again as `ranks` processes of one job on this machine (RANK, LOCAL_RANK,
+/// WORLD_SIZE, MASTER_ADDR 127.0.0.1 and a free MASTER_PORT set), each with `args` (args[0] is
+/// the program's name); waits for them. Returns true if every rank exited 0.
+inline bool run_ranks_of_this_program(int ranks, const std::vector<std::string>& args) {
+  const std::string port = std::to_string(free_port());
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < ranks; ++rank) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      setenv("RANK", std::to_string(rank).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(ranks).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", port.c_str(), 1);
+      std::vector<std::string> copy = args;
+      std::vector<char*> pointers;
+      for (auto& a : copy) pointers.push_back(a.data());
+      pointers.push_back(nullptr);
+      execv("/proc/self/exe", pointers.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  for (const pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return ok;
+}
+
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }

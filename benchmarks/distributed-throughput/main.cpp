@@ -206,32 +206,9 @@ int main(int argc, char** argv) {
     // The c10d candidates: 2 processes x 1 thread; this one waits meanwhile.
     char dir[] = "/tmp/gpipe_distributed_throughput_XXXXXX";
     const std::string results = std::string(mkdtemp(dir)) + "/result";
-    const std::string port = std::to_string(gpipe::bench::free_port());
-    std::vector<pid_t> pids;
-    for (int rank = 0; rank < 2; ++rank) {
-      const pid_t pid = fork();
-      if (pid == 0) {
-        setenv("RANK", std::to_string(rank).c_str(), 1);
-        setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-        setenv("WORLD_SIZE", "2", 1);
-        setenv("MASTER_ADDR", "127.0.0.1", 1);
-        setenv("MASTER_PORT", port.c_str(), 1);
-        std::vector<std::string> args{argv[0], "--rank-output", results};
-        for (int k = 1; k < argc; ++k) args.push_back(argv[k]);
-        std::vector<char*> pointers;
-        for (auto& a : args) pointers.push_back(a.data());
-        pointers.push_back(nullptr);
-        execv("/proc/self/exe", pointers.data());
-        _exit(127);
-      }
-      pids.push_back(pid);
-    }
-    bool ok = true;
-    for (const pid_t pid : pids) {
-      int status = 0;
-      waitpid(pid, &status, 0);
-      ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    }
+    std::vector<std::string> rank_args{argv[0], "--rank-output", results};
+    for (int k = 1; k < argc; ++k) rank_args.push_back(argv[k]);
+    const bool ok = gpipe::bench::run_ranks_of_this_program(2, rank_args);
     if (!ok) {
       std::fprintf(stderr, "a c10d rank failed\n");
       return 1;

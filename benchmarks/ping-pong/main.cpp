@@ -140,32 +140,8 @@ int main(int argc, char** argv) {
       7);
   char dir[] = "/tmp/gpipe_ping_pong_XXXXXX";
   const std::string out = std::string(mkdtemp(dir)) + "/rank0";
-  const std::string port = std::to_string(free_port());
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < 2; ++rank) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      setenv("RANK", std::to_string(rank).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      setenv("WORLD_SIZE", "2", 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", port.c_str(), 1);
-      std::vector<std::string> child{argv[0], "--rank-output", out, std::to_string(args.rounds)};
-      std::vector<char*> pointers;
-      for (auto& a : child) pointers.push_back(a.data());
-      pointers.push_back(nullptr);
-      execv("/proc/self/exe", pointers.data());
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  bool ok = true;
-  for (const pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  if (!ok) {
+  if (!run_ranks_of_this_program(
+          2, {argv[0], "--rank-output", out, std::to_string(args.rounds)})) {
     std::fprintf(stderr, "ping_pong: a rank failed\n");
     return 1;
   }
