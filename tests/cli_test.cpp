@@ -166,6 +166,9 @@ TEST(TrainConfigTest, Errors) {
                           "--devices names 1 devices for --stages 2");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--devices", "cpu,gpu7"}), UsageError,
                           "--devices: 'gpu7' is not a device");
+  GPIPE_EXPECT_THROW_WITH(parse_train_config({"--receive-window", "2"}), UsageError,
+                          "--receive-window applies to ranks, whose stages exchange messages; on "
+                          "threads they pass tensors");
   GPIPE_EXPECT_THROW_WITH(
       parse_train_config({"--virtual-stages", "2"}), UsageError,
       "--schedule 1f1b runs one stage per worker, but --virtual-stages is 2 "

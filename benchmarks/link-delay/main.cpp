@@ -13,7 +13,8 @@
 // where it cannot make the link.
 //
 // Default: gpipe train's own model and data, batch 32 in 4 micro-batches, 30 steps, schedules
-// gpipe, 1f1b and zb1p; --rounds N.
+// gpipe, 1f1b and zb1p; --rounds N. $GPIPE_TRAIN_FLAGS is added to gpipe train's flags, e.g.
+// "--receive-window 1" (predict() still assumes the automatic window).
 #include "common/bench_util.h"
 #include "link-delay/delayed_link.h"
 
@@ -26,6 +27,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <regex>
 #include <string>
@@ -101,9 +103,10 @@ int main(int argc, char** argv) {
 
   const std::vector<int> delays_ms = {0, 1, 5};
   const std::vector<std::string> schedules = {"gpipe", "1f1b", "zb1p"};
+  const char* extra = std::getenv("GPIPE_TRAIN_FLAGS");
   const std::string flags = " train --stages 2 --batch-size " + std::to_string(kBatch) +
                             " --chunks " + std::to_string(kChunks) + " --steps " +
-                            std::to_string(kSteps);
+                            std::to_string(kSteps) + (extra ? " " + std::string(extra) : "");
   std::map<int, std::vector<double>> round_trips;                     // by delay
   std::map<std::string, std::map<int, std::vector<double>>> samples;  // by schedule, delay
   int port = 29500;

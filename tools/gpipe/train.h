@@ -38,6 +38,7 @@ struct TrainConfig {
   std::string schedule_file;                          // a schedule of one's own, read into:
   std::optional<schedule::Schedule> custom_schedule;  // (schedule_file.h)
   int64_t virtual_stages = 1;  // stages per worker (schedule::check_schedule_options's rules)
+  int64_t receive_window = 0;  // on ranks: PipelineStageOptions::receive_window (0: automatic)
   CheckpointMode checkpoint = CheckpointMode::kNever;
   int64_t threads = 1;               // intra-op threads per stage
   std::vector<c10::Device> devices;  // one per stage; on ranks, one per rank

@@ -126,6 +126,11 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
          "pipeline stages (on ranks: WORLD_SIZE x --virtual-stages)")
       ->check(at_least(1));
   option(pipeline, "--chunks", c.chunks, "micro-batches per step")->check(at_least(1));
+  option(pipeline, "--receive-window", c.receive_window,
+         "on ranks: receives posted ahead per edge (default: the most micro-batches a stage "
+         "holds at once)")
+      ->default_str("automatic")
+      ->check(at_least(1));
   option(pipeline, "--schedule", c.schedule, listed(schedule::schedule_names()))
       ->type_name("NAME")
       ->check(one_of(schedule::schedule_names()));
@@ -302,6 +307,9 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
       throw UsageError("--devices names " + std::to_string(c.devices.size()) + " devices for " +
                        std::to_string(c.ranks->world_size) + " ranks (one per rank)");
     }
+  } else if (app->count("--receive-window") > 0) {
+    throw UsageError("--receive-window applies to ranks, whose stages exchange messages; on "
+                     "threads they pass tensors");
   }
 
   // A loaded model's layer count is known only once it is read: train() checks it again.

@@ -147,6 +147,7 @@ class RankPipeline final : public TrainPipeline {
             *c.ranks, distributed::PipelineStageOptions(c.chunks).rendezvous_timeout())),
         pipeline_(group_, model, balance, char_gpt_loss,
                   scheduled(distributed::PipelineStageOptions(c.chunks), c, grad_scaler_)
+                      .receive_window(c.receive_window)
                       .device(c.devices.empty() ? c10::Device(c10::kCPU) : c.devices[c.ranks->rank])
                       .tracer(tracer_)) {
     first_layer_.assign(balance.size() + 1, 0);
