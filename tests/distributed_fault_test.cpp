@@ -44,6 +44,24 @@ int64_t detection_ms(const testing::Launch& launch, const std::string& what, int
 constexpr int64_t kKillTimeoutMs = 20000;
 constexpr int64_t kKillDetectedWithinMs = kKillTimeoutMs / 2;
 
+// Every rank of `launch` but `killed` learnt of the kill well within the timeout and names the
+// killed rank; returns each survivor's error.
+std::vector<std::string> expect_survivors_name(const testing::Launch& launch, int ranks,
+                                               int killed) {
+  std::vector<std::string> errors;
+  for (int r = 0; r < ranks; ++r) {
+    if (r == killed) continue;
+    const int64_t detected = detection_ms(launch, "killing", r);
+    EXPECT_GE(detected, 0) << "rank " << r << "\n" << launch.output;
+    EXPECT_LT(detected, kKillDetectedWithinMs) << "rank " << r << "\n" << launch.output;
+    errors.push_back(error_of(launch, r));
+    EXPECT_THAT(errors.back(), HasSubstr("rank " + std::to_string(killed) + " failed"))
+        << "rank " << r << " of " << ranks << ", rank " << killed << " killed\n"
+        << launch.output;
+  }
+  return errors;
+}
+
 TEST(DistributedFaultTest, RankThatThrowsIsNamedOnEveryRank) {
   for (const int ranks : {2, 4}) {
     const int failing = ranks - 1;
@@ -75,15 +93,8 @@ TEST(DistributedFaultTest, KilledRankIsNamedWithinTimeout) {
                    std::to_string(killed) + " --fail-mode kill");
     EXPECT_NE(launch.exit_code, 0) << launch.output;
     EXPECT_THAT(launch.output, HasSubstr("rank " + std::to_string(killed) + " was killed"));
-    for (int r = 0; r < ranks; ++r) {
-      if (r == killed) continue;
-      const int64_t detected = detection_ms(launch, "killing", r);
-      EXPECT_GE(detected, 0) << "rank " << r << "\n" << launch.output;
-      EXPECT_LT(detected, kKillDetectedWithinMs) << "rank " << r << "\n" << launch.output;
-      EXPECT_THAT(error_of(launch, r), HasSubstr("rank " + std::to_string(killed) + " failed"))
-          << "rank " << r << " of " << ranks << ", rank " << killed << " killed\n"
-          << launch.output;
-      EXPECT_THAT(error_of(launch, r), ::testing::Not(HasSubstr("frame #"))) << "rank " << r;
+    for (const auto& error : expect_survivors_name(launch, ranks, killed)) {
+      EXPECT_THAT(error, ::testing::Not(HasSubstr("frame #")));
     }
   }
 }
@@ -102,14 +113,7 @@ TEST(DistributedFaultTest, KilledRankIsNamedWhileManyReceivesArePosted) {
                    " killed");
       EXPECT_NE(launch.exit_code, 0) << launch.output;
       EXPECT_THAT(launch.output, HasSubstr("rank " + std::to_string(killed) + " was killed"));
-      for (int r = 0; r < 4; ++r) {
-        if (r == killed) continue;
-        const int64_t detected = detection_ms(launch, "killing", r);
-        EXPECT_GE(detected, 0) << "rank " << r << "\n" << launch.output;
-        EXPECT_LT(detected, kKillDetectedWithinMs) << "rank " << r << "\n" << launch.output;
-        EXPECT_THAT(error_of(launch, r), HasSubstr("rank " + std::to_string(killed) + " failed"))
-            << "rank " << r << "\n" << launch.output;
-      }
+      expect_survivors_name(launch, 4, killed);
     }
   }
 }
@@ -125,17 +129,9 @@ TEST(DistributedFaultTest, RankKilledOnceConnectedIsNamed) {
                  std::to_string(killed) + " --fail-mode kill-connected");
       EXPECT_NE(launch.exit_code, 0) << launch.output;
       EXPECT_THAT(launch.output, HasSubstr("rank " + std::to_string(killed) + " was killed"));
-      for (int r = 0; r < 4; ++r) {
-        if (r == killed) continue;
-        const int64_t detected = detection_ms(launch, "killing", r);
-        EXPECT_GE(detected, 0) << "rank " << r << "\n" << launch.output;
-        EXPECT_LT(detected, kKillDetectedWithinMs) << "rank " << r << "\n" << launch.output;
-        const std::string error = error_of(launch, r);
-        EXPECT_THAT(error, HasSubstr("rank " + std::to_string(killed) + " failed"))
-            << "rank " << r << ", rank " << killed << " killed\n"
-            << launch.output;
-        // One line each: no LibTorch backtrace quoted inside.
-        EXPECT_THAT(error, ::testing::Not(HasSubstr("frame #"))) << "rank " << r;
+      // One line each: no LibTorch backtrace quoted inside.
+      for (const auto& error : expect_survivors_name(launch, 4, killed)) {
+        EXPECT_THAT(error, ::testing::Not(HasSubstr("frame #")));
       }
     }
   }
