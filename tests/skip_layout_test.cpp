@@ -37,7 +37,7 @@ std::vector<Policy> copy_policies(const std::vector<Sequential>& partitions) {
   for (size_t j = 0; j < partitions.size(); ++j) {
     Policy policy;
     for (const auto& route : layout.copy_policy(j)) {
-      policy.emplace_back(route.stash_partition, route.key.first, route.key.second);
+      policy.emplace_back(route.stash_stage, route.key.first, route.key.second);
     }
     policies.push_back(policy);
   }
@@ -95,7 +95,7 @@ TEST(InspectSkipLayoutTest, RoutesNameTheirLayers) {
   ASSERT_EQ(layout.stashed_in(0).size(), 1u);
   EXPECT_EQ(layout.stashed_in(0)[0].stash_layer, "1");
   EXPECT_EQ(layout.stashed_in(0)[0].pop_layer, "1");
-  EXPECT_EQ(layout.stashed_in(0)[0].pop_partition, 1u);
+  EXPECT_EQ(layout.stashed_in(0)[0].pop_stage, 1u);
   EXPECT_TRUE(layout.stashed_in(1).empty());
   ASSERT_EQ(layout.popped_in(1).size(), 1u);
   GPIPE_EXPECT_THROW_WITH(layout.popped_in(2), c10::IndexError, "partition 2 is out of range");

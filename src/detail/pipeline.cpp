@@ -84,7 +84,7 @@ void Pipeline::fence(const std::vector<Cell>& clock) {
     // Skip tensors come straight from the partition that stashed them.
     if (!skip_trackers_.empty()) {
       for (const auto& route : skip_layout_->copy_policy(j)) {
-        const auto& prev = copy_streams_[route.stash_partition][i];
+        const auto& prev = copy_streams_[route.stash_stage][i];
         if (!both_cpu(prev, next)) skip_trackers_[i]->copy(batches_[i], prev, next, route.key);
       }
     }

@@ -237,9 +237,7 @@ void PipelineStage::expect_receives(const std::vector<schedule::Action>& actions
   const auto skips_from = [&](const std::vector<skip::SkipRoute>& routes, int64_t stage) {
     std::set<int64_t> others;
     for (const auto& route : routes) {
-      const auto other = static_cast<int64_t>(route.stash_partition) == stage
-                             ? static_cast<int64_t>(route.pop_partition)
-                             : static_cast<int64_t>(route.stash_partition);
+      const int64_t other = route.other_stage(stage);
       if (elsewhere(other)) others.insert(other);
     }
     for (const int64_t other : others) ++receives[{other, stage, Lane::kSkip}];

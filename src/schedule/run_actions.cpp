@@ -38,14 +38,6 @@ const char* trace_name(ActionKind kind) {
   return "action";
 }
 
-// The stage at the other end of a route: the popping stage for a stage's stashes, the stashing
-// stage for its pops.
-int64_t other_stage(const skip::SkipRoute& route, int64_t stage) {
-  return static_cast<int64_t>(route.stash_partition) == stage
-             ? static_cast<int64_t>(route.pop_partition)
-             : static_cast<int64_t>(route.stash_partition);
-}
-
 }  // namespace
 
 void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& stages,
@@ -75,9 +67,9 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
   const auto send_skips = [&](int64_t from, const std::vector<skip::SkipRoute>& routes,
                               SkipTensors tensors, int64_t i) {
     for (size_t k = 0; k < routes.size();) {
-      const int64_t to = other_stage(routes[k], from);
+      const int64_t to = routes[k].other_stage(from);
       std::vector<at::Tensor> message;
-      for (; k < routes.size() && other_stage(routes[k], from) == to; ++k) {
+      for (; k < routes.size() && routes[k].other_stage(from) == to; ++k) {
         message.push_back(std::move(tensors[k]));
       }
       if (runs(to)) {
@@ -90,7 +82,7 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
   const auto recv_skips = [&](int64_t to, const std::vector<skip::SkipRoute>& routes, int64_t i) {
     SkipTensors tensors;
     for (size_t k = 0; k < routes.size();) {
-      const int64_t from = other_stage(routes[k], to);
+      const int64_t from = routes[k].other_stage(to);
       Batch message = [&] {
         if (!runs(from)) return transport.recv(from, to, i, Lane::kSkip);
         auto it = skip_inbox.find(std::make_tuple(from, to, i));
@@ -101,13 +93,13 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
         return batch;
       }();
       for (const auto& x : message) {
-        TORCH_CHECK_VALUE(k < routes.size() && other_stage(routes[k], to) == from, "stage ", to,
+        TORCH_CHECK_VALUE(k < routes.size() && routes[k].other_stage(to) == from, "stage ", to,
                           " received ", message.size(), " skip tensor(s) from stage ", from,
                           " for micro-batch ", i, ", more than its routes from there");
         tensors.push_back(x);
         ++k;
       }
-      TORCH_CHECK_VALUE(k == routes.size() || other_stage(routes[k], to) != from, "stage ", to,
+      TORCH_CHECK_VALUE(k == routes.size() || routes[k].other_stage(to) != from, "stage ", to,
                         " received ", message.size(), " skip tensor(s) from stage ", from,
                         " for micro-batch ", i, ", fewer than its routes from there");
     }

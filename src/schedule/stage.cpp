@@ -44,7 +44,7 @@ Batch call_with_skips(torch::nn::Sequential& module, const Batch& input,
   for (const auto& route : stashes) {
     auto it = tracker->tensors().find(route.key);
     TORCH_CHECK(it != tracker->tensors().end(), what, " did not stash '", route.key.second,
-                "', which stage ", route.pop_partition, " pops");
+                "', which stage ", route.pop_stage, " pops");
     stashed->push_back(it->second);
   }
   return output;
@@ -74,13 +74,13 @@ Stage::Stage(int64_t index, int64_t num_stages, torch::nn::Sequential module, c1
                     "the skip layout has ", skips->num_partitions(), " stages, but the pipeline ",
                     num_stages);
   for (const auto& route : skips->popped_in(index)) {
-    if (static_cast<int64_t>(route.stash_partition) != index) skip_pops_.push_back(route);
+    if (static_cast<int64_t>(route.stash_stage) != index) skip_pops_.push_back(route);
   }
   for (const auto& route : skips->stashed_in(index)) {
-    if (static_cast<int64_t>(route.pop_partition) != index) skip_stashes_.push_back(route);
+    if (static_cast<int64_t>(route.pop_stage) != index) skip_stashes_.push_back(route);
   }
   std::sort(skip_stashes_.begin(), skip_stashes_.end(), [](const auto& a, const auto& b) {
-    return std::tie(a.pop_partition, a.key) < std::tie(b.pop_partition, b.key);
+    return std::tie(a.pop_stage, a.key) < std::tie(b.pop_stage, b.key);
   });
 }
 

@@ -14,31 +14,31 @@ namespace skip {
 SkipLayout::SkipLayout(size_t num_partitions, std::vector<SkipRoute> routes)
     : stashed_in_(num_partitions), popped_in_(num_partitions) {
   for (auto& route : routes) {
-    TORCH_INTERNAL_ASSERT(route.stash_partition <= route.pop_partition &&
-                          route.pop_partition < num_partitions);
-    stashed_in_[route.stash_partition].push_back(route);
-    popped_in_[route.pop_partition].push_back(route);
+    TORCH_INTERNAL_ASSERT(route.stash_stage <= route.pop_stage &&
+                          route.pop_stage < num_partitions);
+    stashed_in_[route.stash_stage].push_back(route);
+    popped_in_[route.pop_stage].push_back(route);
     const SkipKey key = route.key;
     routes_.emplace(key, std::move(route));
   }
   for (auto& popped : popped_in_) {
     std::sort(popped.begin(), popped.end(), [](const SkipRoute& a, const SkipRoute& b) {
-      return std::tie(a.stash_partition, a.key) < std::tie(b.stash_partition, b.key);
+      return std::tie(a.stash_stage, a.key) < std::tie(b.stash_stage, b.key);
     });
   }
 }
 
-std::vector<SkipRoute> SkipLayout::copy_policy(size_t pop_partition) const {
+std::vector<SkipRoute> SkipLayout::copy_policy(size_t pop_stage) const {
   std::vector<SkipRoute> policy;
-  for (const auto& route : popped_in(pop_partition)) {
-    if (route.stash_partition != pop_partition) policy.push_back(route);
+  for (const auto& route : popped_in(pop_stage)) {
+    if (route.stash_stage != pop_stage) policy.push_back(route);
   }
   return policy;
 }
 
 bool SkipLayout::requires_copy(const SkipKey& key) const {
   auto route = routes_.find(key);
-  return route != routes_.end() && route->second.stash_partition != route->second.pop_partition;
+  return route != routes_.end() && route->second.stash_stage != route->second.pop_stage;
 }
 
 const std::vector<SkipRoute>& SkipLayout::stashed_in(size_t partition) const {
@@ -68,7 +68,7 @@ SkipLayout inspect_skip_layout(const std::vector<torch::nn::Sequential>& partiti
         if (stashed == open.end()) continue;
         SkipRoute route = std::move(stashed->second);
         open.erase(stashed);
-        route.pop_partition = j;
+        route.pop_stage = j;
         route.pop_layer = child.key();
         routes.push_back(std::move(route));
       }

@@ -12,6 +12,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <ostream>
 #include <string>
@@ -20,14 +21,22 @@
 namespace gpipe {
 namespace skip {
 
-/// One skip connection: stashed in partition `stash_partition` by layer `stash_layer`, popped in
-/// `pop_partition` by layer `pop_layer` (layer names as in the partition's Sequential).
+/// One skip connection: stashed in stage `stash_stage` by layer `stash_layer`, popped in stage
+/// `pop_stage` by layer `pop_layer` (layer names as in the stage's Sequential). A stage is a
+/// partition in GPipe (pipe.h), a stage in the schedule engines.
 struct SkipRoute {
   SkipKey key;
-  size_t stash_partition = 0;
-  size_t pop_partition = 0;
+  size_t stash_stage = 0;
+  size_t pop_stage = 0;
   std::string stash_layer;
   std::string pop_layer;
+
+  /// The stage at the other end from `stage`: the popping stage for the stashing one, the
+  /// stashing stage for the popping one.
+  int64_t other_stage(int64_t stage) const {
+    return static_cast<int64_t>(stash_stage) == stage ? static_cast<int64_t>(pop_stage)
+                                                      : static_cast<int64_t>(stash_stage);
+  }
 };
 
 /// The skip routes of a model cut into partitions.
@@ -40,9 +49,9 @@ class SkipLayout {
   /// True when no layer stashes or pops anything.
   bool empty() const { return routes_.empty(); }
 
-  /// The routes that partition `pop_partition` pops from other partitions, sorted by source
+  /// The routes that partition `pop_stage` pops from other partitions, sorted by source
   /// partition, then namespace, then name: what its fence copies.
-  std::vector<SkipRoute> copy_policy(size_t pop_partition) const;
+  std::vector<SkipRoute> copy_policy(size_t pop_stage) const;
 
   /// Whether `key`'s route crosses partitions (false for unknown keys).
   bool requires_copy(const SkipKey& key) const;
