@@ -7,7 +7,7 @@
 // unresponsive for good: it and every later call throw StoreUnresponsive. The thread stuck in
 // it is left behind on destruction (it holds the store and its own state, nothing else).
 //
-// Internal to the c10d transport (c10d_transport.cpp).
+// Internal to the c10d transport (src/distributed/c10d_transport*.cpp).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>

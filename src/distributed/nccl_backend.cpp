@@ -1,7 +1,5 @@
-// NCCL backends for CUDA tensors; without NCCL in LibTorch (Debian's 1.13, CPU) a clear error.
-#include "gpipe/distributed/rendezvous.h"
-
-#include "detail/message_of.h"
+// c10d::ProcessGroupNCCL, made where NCCL's c10d header is seen (nccl_backend.h).
+#include "distributed/nccl_backend.h"
 
 #include <c10/util/Exception.h>
 
@@ -9,7 +7,6 @@
 #ifndef USE_C10D_NCCL
 #define USE_C10D_NCCL
 #endif
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -18,30 +15,25 @@ namespace distributed {
 
 #if GPIPE_WITH_NCCL
 
-bool nccl_available() { return true; }
+bool libtorch_has_nccl() { return true; }
 
-c10::intrusive_ptr<Backend> new_nccl_backend(const ProcessGroup& world, const std::string& name,
-                                             std::chrono::milliseconds timeout) {
-  auto store = c10::make_intrusive<c10d::PrefixStore>("gpipe/nccl/" + name, world.store);
+c10::intrusive_ptr<Backend> new_process_group_nccl(const c10::intrusive_ptr<c10d::Store>& store,
+                                                   int64_t rank, int64_t world_size,
+                                                   std::chrono::milliseconds timeout) {
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
-  try {
-    return c10::make_intrusive<c10d::ProcessGroupNCCL>(
-        store, static_cast<int>(world.rank()), static_cast<int>(world.world_size()), options);
-  } catch (const std::exception& error) {
-    TORCH_CHECK(false, "rank ", world.rank(), " could not make the NCCL backend '", name, "' of ",
-                world.world_size(), " ranks: ", detail::message_of(error));
-  }
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(rank),
+                                                     static_cast<int>(world_size), options);
 }
 
 #else
 
-bool nccl_available() { return false; }
+bool libtorch_has_nccl() { return false; }
 
-c10::intrusive_ptr<Backend> new_nccl_backend(const ProcessGroup& world, const std::string& name,
-                                             std::chrono::milliseconds timeout) {
-  TORCH_CHECK(false, "rank ", world.rank(), " cannot move CUDA tensors: this gpipe was built ",
-              "with a LibTorch without CUDA and NCCL (build against the torch wheel's)");
+c10::intrusive_ptr<Backend> new_process_group_nccl(const c10::intrusive_ptr<c10d::Store>& store,
+                                                   int64_t rank, int64_t world_size,
+                                                   std::chrono::milliseconds timeout) {
+  TORCH_INTERNAL_ASSERT(false, "this gpipe has no NCCL: new_nccl_backend checks that first");
 }
 
 #endif

@@ -1,6 +1,7 @@
 #include "gpipe/distributed/rendezvous.h"
 
 #include "detail/message_of.h"
+#include "distributed/nccl_backend.h"
 
 // LibTorch's own build defines this where it has Gloo (Debian's and the wheel's do); the Gloo
 // backend's header is empty without it.
@@ -165,6 +166,21 @@ c10::intrusive_ptr<Backend> new_group(const ProcessGroup& world, const std::vect
     TORCH_CHECK(false, "rank ", world.rank(), " could not connect group '", name, "' of ",
                 ranks.size(), " ranks within ", timeout.count(),
                 " ms: ", detail::message_of(error));
+  }
+}
+
+bool nccl_available() { return libtorch_has_nccl(); }
+
+c10::intrusive_ptr<Backend> new_nccl_backend(const ProcessGroup& world, const std::string& name,
+                                             std::chrono::milliseconds timeout) {
+  TORCH_CHECK(nccl_available(), "rank ", world.rank(), " cannot move CUDA tensors: this gpipe ",
+              "was built with a LibTorch without CUDA and NCCL (build against the torch wheel's)");
+  auto store = c10::make_intrusive<c10d::PrefixStore>("gpipe/nccl/" + name, world.store);
+  try {
+    return new_process_group_nccl(store, world.rank(), world.world_size(), timeout);
+  } catch (const std::exception& error) {
+    TORCH_CHECK(false, "rank ", world.rank(), " could not make the NCCL backend '", name, "' of ",
+                world.world_size(), " ranks: ", detail::message_of(error));
   }
 }
 

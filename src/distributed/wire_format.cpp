@@ -1,10 +1,12 @@
-#include "wire_format.h"
+#include "distributed/wire_format.h"
 
 #include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 namespace gpipe {
@@ -134,6 +136,47 @@ at::Tensor encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const Mes
   at::Tensor header = at::empty({kHeaderSize}, at::kLong);
   encode(kind, tag, from, to, meta, one_message, header.data_ptr<int64_t>());
   return header;
+}
+
+at::Tensor pack(int64_t kind, int64_t tag, int64_t from, int64_t to, const Batch& batch,
+                const MessageMetadata& meta, const MessageLayout& layout,
+                const c10::Device& device) {
+  at::NoGradGuard no_grad;  // bytes to send, not part of any graph
+  at::Tensor message = at::empty({layout.bytes}, at::TensorOptions(at::kByte).device(device));
+  if (device.is_cpu()) {
+    auto* bytes = static_cast<uint8_t*>(message.data_ptr());
+    encode(kind, tag, from, to, meta, true, reinterpret_cast<int64_t*>(bytes));
+    for (const auto k : c10::irange(meta.dtypes.size())) {
+      const at::Tensor& x = batch[k];
+      if (layout.offsets[k] < 0 || x.numel() == 0) continue;  // undefined or no bytes
+      if (x.is_contiguous() && !x.is_conj() && !x.is_neg()) {
+        std::memcpy(bytes + layout.offsets[k], x.data_ptr(), x.nbytes());
+      } else {
+        view_bytes(message, layout.offsets[k], meta.dtypes[k], meta.shapes[k]).copy_(x);
+      }
+    }
+  } else {
+    message.narrow(0, 0, kHeaderBytes)
+        .copy_(encode(kind, tag, from, to, meta, true).view(at::kByte));
+    for (const auto k : c10::irange(meta.dtypes.size())) {
+      if (layout.offsets[k] < 0) continue;  // undefined
+      view_bytes(message, layout.offsets[k], meta.dtypes[k], meta.shapes[k]).copy_(batch[k]);
+    }
+  }
+  return message;
+}
+
+std::vector<at::Tensor> unpack(const at::Tensor& message, const MessageMetadata& meta,
+                               const MessageLayout& layout) {
+  std::vector<at::Tensor> tensors;
+  for (const auto k : c10::irange(meta.dtypes.size())) {
+    if (meta.dtypes[k] == kUndefined) {
+      tensors.emplace_back();
+    } else {
+      tensors.push_back(view_bytes(message, layout.offsets[k], meta.dtypes[k], meta.shapes[k]));
+    }
+  }
+  return tensors;
 }
 
 Header decode(const int64_t* h, int64_t rank, int64_t peer) {

@@ -1,6 +1,7 @@
 // The wire format of the c10d transport (c10d_transport.h): what a batch's header says, where
-// its tensors sit in a one-message batch, and the agreement checks on the metadata. Sender and
-// receiver compute all of it alike from the metadata.
+// its tensors sit in a one-message batch (packed by the sender, unpacked by the receiver), and
+// the agreement checks on the metadata. Sender and receiver compute all of it alike from the
+// metadata.
 //
 // A header is kHeaderSize int64 values: magic, kind, micro-batch, from stage, to stage, atomic,
 // number of tensors, whether the tensors follow in the same message; then per tensor its dtype
@@ -12,6 +13,7 @@
 #include "gpipe/microbatch.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <string>
@@ -69,6 +71,16 @@ void encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const MessageMe
 // The same as a tensor of kHeaderSize int64 values on the CPU.
 at::Tensor encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const MessageMetadata& meta,
                   bool one_message);
+// `batch` (of metadata `meta`, laid out as `layout`) as one message on `device`: its header
+// (one_message) and then its tensors' bytes. Throws c10::ValueError if the metadata does not fit
+// in a header.
+at::Tensor pack(int64_t kind, int64_t tag, int64_t from, int64_t to, const Batch& batch,
+                const MessageMetadata& meta, const MessageLayout& layout,
+                const c10::Device& device);
+// The tensors of a batch that came in one message (`message`, of metadata `meta`, laid out as
+// `layout`): views of its bytes, undefined where the metadata says so.
+std::vector<at::Tensor> unpack(const at::Tensor& message, const MessageMetadata& meta,
+                               const MessageLayout& layout);
 // Reads a header (kHeaderSize values) received by `rank` from `peer`; throws c10::ValueError for
 // one that is not.
 Header decode(const int64_t* header, int64_t rank, int64_t peer);

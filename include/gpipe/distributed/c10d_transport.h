@@ -20,9 +20,9 @@
 // the order they were sent (Gloo matches them first in, first out per peer and tag; NCCL keeps a
 // backend per tag), which is why a split batch's tensors go on a tag of their own: they must not
 // land in a receive posted for the edge's next batch. A buffer is posted with the largest message
-// that had arrived on the edge by then, and the sender knows which that was (posted_capacity in
-// the source), so both ends agree whether a batch fits. On an edge's first step the window is 1,
-// so that its capacity is learnt before receives are posted deep.
+// that had arrived on the edge by then, and the sender knows which that was (posted_capacity,
+// src/distributed/c10d_transport_edge.h), so both ends agree whether a batch fits. On an edge's
+// first step the window is 1, so that its capacity is learnt before receives are posted deep.
 //
 // Metadata: the first message on each edge (in each step: begin_step()) fixes the edge's metadata
 // (number of tensors, dtypes, shapes but the batch dimension); each later one must agree, and a
@@ -52,8 +52,8 @@
 // store), as long as every rank makes them in the same order.
 //
 // Thread safety: send(), recv(), flush() and report_failure() are called by one thread (the
-// rank's worker); abort() from any thread, as the failure monitor's watcher does. State shared
-// with it is guarded by mutex_.
+// rank's worker); abort() from any thread, as the failure monitor's watcher does. (The state
+// behind the class, and what guards it: src/distributed/c10d_transport_impl.h.)
 #pragma once
 
 #include "gpipe/distributed/rendezvous.h"
@@ -65,18 +65,12 @@
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <utility>
-#include <vector>
 
 namespace gpipe {
 namespace distributed {
-class FailureMonitor;  // src/distributed/failure_monitor.h
 
 /// Options for C10dTransport.
 struct C10dTransportOptions {
@@ -173,83 +167,29 @@ class C10dTransport : public schedule::Transport {
   std::optional<std::string> failure() const;
 
   /// Seconds spent waiting in send, recv and flush since the last reset.
-  double communication_seconds() const { return communication_seconds_; }
+  double communication_seconds() const;
   /// Of those, the seconds spent on the data's own movement, without the waits for the peer to
   /// compute it: copying batches into one-message buffers, receiving tensors whose header had
   /// arrived, and flush().
-  double transfer_seconds() const { return transfer_seconds_; }
-  void reset_communication_seconds() { communication_seconds_ = transfer_seconds_ = 0; }
+  double transfer_seconds() const;
+  void reset_communication_seconds();
 
   /// The Gloo messages send() has posted: one per batch, or a header and one per non-empty
   /// tensor for a batch larger than every earlier one on its edge.
-  int64_t messages_sent() const { return messages_sent_; }
+  int64_t messages_sent() const;
 
   /// The device of this rank's stages (options().device(), with its index).
-  c10::Device device() const { return device_; }
+  c10::Device device() const;
 
-  int64_t rank() const { return group_.rank(); }
-  int64_t world_size() const { return group_.world_size(); }
-  int64_t pipeline_size() const { return pipeline_size_; }
+  int64_t rank() const;
+  int64_t world_size() const;
+  int64_t pipeline_size() const;
   /// The rank that runs `stage` in this rank's pipeline.
-  int64_t rank_of(int64_t stage) const {
-    return rank() / pipeline_size_ * pipeline_size_ +
-           schedule::worker_of(options_.placement(), stage, pipeline_size_);
-  }
+  int64_t rank_of(int64_t stage) const;
 
  private:
-  struct Edge;   // c10d_transport.cpp
-  struct State;  // the edges, what was sent on them, the receives posted ahead
-
-  // What a send or receive moves, in words: made only for an error.
-  using What = std::function<std::string()>;
-
-  Edge& edge(int64_t from_stage, int64_t to_stage, schedule::Lane lane);
-  // The backend that carries tensors of `device` with tag `tag`: Gloo for CPU, else the tag's
-  // NCCL backend (made on first use).
-  Backend& backend(const c10::Device& device, int tag);
-  // Posts the receive of the edge's next unposted message (see the file comment).
-  void post_receive(Edge& e, int64_t from_stage, int64_t to_stage, schedule::Lane lane);
-  // Posts receives while the edge has announced ones left and fewer than its window posted.
-  void post_receives(Edge& e, int64_t from_stage, int64_t to_stage, schedule::Lane lane);
-  int edge_tag(int64_t from_stage, int64_t to_stage, schedule::Lane lane) const;
-  // The tag of the tensors of the edge's batches that travel apart from their header.
-  int payload_tag(int edge_tag) const;
-  // Waits for `work`, abortable by the watcher. On failure records and throws; `what` and
-  // `peer` describe what was awaited.
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const What& what, int64_t peer);
-  // Posts a send or receive; if Gloo refuses (a closed connection), the peer failed.
-  c10::intrusive_ptr<c10d::Work> post(const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
-                                      const What& what, int64_t peer);
-  // Records the failure that explains a failed wait for `peer` and throws.
-  [[noreturn]] void peer_failed(const std::string& what, int64_t peer, const std::string& error,
-                                bool timed_out);
-  [[noreturn]] void throw_failure(const std::string& what);
-  // True once abort() ran (also on any failure): waits must end.
-  bool aborted() const;
-
-  ProcessGroup group_;
-  int64_t num_stages_;
-  C10dTransportOptions options_;
-  int64_t pipeline_size_;
-  c10::Device device_;
-  std::string keys_;  // the prefix of this transport's keys in the store
-  std::unique_ptr<State> state_;
-  struct Send {
-    c10::intrusive_ptr<c10d::Work> work;
-    int64_t peer;
-    What what;
-  };
-  std::vector<Send> sends_;                          // outstanding sends
-  std::map<int, c10::intrusive_ptr<Backend>> nccl_;  // per tag, for CUDA tensors
-  double communication_seconds_ = 0;
-  double transfer_seconds_ = 0;
-  int64_t messages_sent_ = 0;
-
-  mutable std::mutex mutex_;
-  bool aborted_ = false;                                 // guarded by mutex_
-  std::vector<c10::intrusive_ptr<c10d::Work>> waiting_;  // guarded by mutex_
-  // Last: its watcher calls abort(), which needs the members above.
-  std::unique_ptr<FailureMonitor> monitor_;
+  class Impl;  // src/distributed/c10d_transport_impl.h
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace distributed
