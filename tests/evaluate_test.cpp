@@ -57,7 +57,7 @@ TEST(EvaluateTest, EveryScheduleGivesThePlainModelsOutputAndLoss) {
     EXPECT_TRUE(testing::bitwise_equal(before.output->tensor(), expected_output));
     EXPECT_LE(testing::relative_difference(before.output->tensor(), whole_batch_output), 1e-12);
     EXPECT_FALSE(before.output->tensor().requires_grad());
-    for (int64_t s = 0; s < pipe.num_stages(); ++s) EXPECT_EQ(pipe.max_live_microbatches(s), 0);
+    for (int64_t s = 0; s < pipe.num_stages(); ++s) EXPECT_EQ(pipe.peak_live_microbatches(s), 0);
     for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
 
     // step() computes the same loss, and an evaluation between steps leaves its gradients.

@@ -34,7 +34,7 @@ int64_t step_peak(ScheduleKind kind, int64_t* live) {
   const int64_t before = memory::cpu_current_bytes();
   memory::reset_cpu_peak();
   pipe.step(input, target);
-  *live = pipe.max_live_microbatches(0);
+  *live = pipe.peak_live_microbatches(0);
   return memory::cpu_peak_bytes() - before;
 }
 

@@ -137,7 +137,7 @@ TEST(SchedulePredictTest, PeakLiveMicroBatchesAreTheRealOnes) {
         pipe.step(input, target);
         const Prediction p = predict(pipe.schedule(M), ActionCosts::unit(S));
         for (int64_t s = 0; s < S; ++s) {
-          EXPECT_EQ(p.peak_live_microbatches[s], pipe.max_live_microbatches(s)) << "stage " << s;
+          EXPECT_EQ(p.peak_live_microbatches[s], pipe.peak_live_microbatches(s)) << "stage " << s;
         }
       }
     }

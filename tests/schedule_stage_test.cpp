@@ -65,7 +65,7 @@ void expect_split_equals_fused(const std::function<torch::nn::Sequential()>& mak
       }
     }
     if (split) {
-      EXPECT_EQ(stage.max_live_microbatches(), 2);
+      EXPECT_EQ(stage.peak_live_microbatches(), 2);
       for (int64_t i = 0; i < 2; ++i) stage.backward_weight(i);
     }
     for (const auto& p : module->parameters()) parameter_grads[split].push_back(p.grad());

@@ -84,11 +84,12 @@ TEST(ScheduleValidateTest, ZeroBubblePendingMicroBatchesPerStage) {
       const Schedule schedule = zb1p_schedule(stages, m);
       const Timeline timeline = simulate(schedule);
       const Timeline one_f_one_b = simulate(one_f_one_b_schedule(stages, m));
-      ASSERT_EQ(timeline.max_pending.size(), static_cast<size_t>(stages));
-      EXPECT_EQ(timeline.max_pending[0], one_f_one_b.max_pending[0]) << stages << " " << m;
+      ASSERT_EQ(timeline.peak_live_microbatches.size(), static_cast<size_t>(stages));
+      EXPECT_EQ(timeline.peak_live_microbatches[0], one_f_one_b.peak_live_microbatches[0])
+          << stages << " " << m;
       for (int64_t s = 0; s < stages; ++s) {
-        EXPECT_EQ(one_f_one_b.max_pending[s], std::min(stages - s, m));
-        EXPECT_LE(timeline.max_pending[s], std::min(stages, m)) << stages << " " << m;
+        EXPECT_EQ(one_f_one_b.peak_live_microbatches[s], std::min(stages - s, m));
+        EXPECT_LE(timeline.peak_live_microbatches[s], std::min(stages, m)) << stages << " " << m;
         int64_t forwards = 0, inputs = 0, weights = 0;
         for (const Action& a : schedule.actions[s]) {
           EXPECT_NE(a.kind, K::kBackward) << a;
@@ -243,7 +244,7 @@ TEST(ScheduleValidateTest, LoopedBfsAndInterleavedZb1pHold) {
       for (int64_t m = 1; m <= 8; ++m) {
         SCOPED_TRACE(c10::str(W, " workers, ", v, " stages each, ", m, " micro-batches"));
         const Timeline bfs = simulate(looped_bfs_schedule(W, v, m));
-        for (const int64_t pending : bfs.max_pending) EXPECT_EQ(pending, m);
+        for (const int64_t peak : bfs.peak_live_microbatches) EXPECT_EQ(peak, m);
         const Schedule zb = interleaved_zb1p_schedule(W, v, m);
         for (int64_t w = 0; w < W; ++w) {
           for (const Action& a : zb.actions[w]) EXPECT_EQ(a.stage % W, w) << a;

@@ -4,12 +4,12 @@
 
 #include "distributed_model.h"
 #include "gpipe/schedule/generators.h"
-#include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/runtime.h"
 #include "gpipe/schedule/thread_transport.h"
 #include "gpipe/skip/skippable.h"
 #include "models/resnet.h"
 #include "models/unet.h"
+#include "schedule/run_actions.h"
 
 #include <functional>
 #include <map>

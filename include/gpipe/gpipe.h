@@ -25,7 +25,6 @@
 #include "gpipe/schedule/options.h"
 #include "gpipe/schedule/predict.h"
 #include "gpipe/schedule/render.h"
-#include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/runtime.h"
 #include "gpipe/schedule/schedule_file.h"
 #include "gpipe/schedule/schedule_kind.h"

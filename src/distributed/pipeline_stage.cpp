@@ -1,22 +1,20 @@
 #include "gpipe/distributed/pipeline_stage.h"
 
-#include "clock_alignment.h"
-#include "distributed/rank_parameters.h"
-#include "failure_monitor.h"
-
 #include "detail/autocast_state.h"
-#include "exact.h"
+#include "detail/exact.h"
+#include "detail/message_of.h"
+#include "detail/split.h"
+#include "detail/stream.h"
+#include "distributed/clock_alignment.h"
+#include "distributed/failure_monitor.h"
+#include "distributed/rank_parameters.h"
+#include "gpipe/amp/grad_scaler.h"
+#include "gpipe/schedule/predict.h"
 #include "schedule/engine.h"
 #include "schedule/gradient_norm.h"
 #include "schedule/pipeline_parameters.h"
+#include "schedule/run_actions.h"
 #include "schedule/set_aside_gradients.h"
-#include "split.h"
-
-#include "detail/message_of.h"
-#include "detail/stream.h"
-#include "gpipe/amp/grad_scaler.h"
-#include "gpipe/schedule/predict.h"
-#include "gpipe/schedule/run_actions.h"
 
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
@@ -74,7 +72,7 @@ void check_layout(int64_t world_size, const torch::nn::Sequential& module,
                       " stage(s) each run ", detail::to_string(stages));
   }
   detail::check_balance(module, balance);
-  detail::verify_skips(detail::split_by_balance(module, balance));
+  schedule::detail::verify_skips(detail::split_by_balance(module, balance));
 }
 
 }  // namespace
@@ -132,9 +130,8 @@ PipelineStage::PipelineStage(ProcessGroup group, const torch::nn::Sequential& mo
   BoundedStore store(group.store, options_.timeout());
   const Environment environment = group.environment;
   const std::string timeline = transport_name;
-  schedules_ =
-      std::make_unique<detail::ScheduleCache>(options_.schedule(), P, num_stages_,
-                                              /*queue_capacity=*/0, options_.custom_schedule());
+  schedules_ = std::make_unique<schedule::detail::ScheduleCache>(
+      options_.schedule(), P, num_stages_, /*queue_capacity=*/0, options_.custom_schedule());
   // Fails early for a schedule that cannot run these stages.
   schedules_->prepare();
   TORCH_CHECK_VALUE(options_.receive_window() >= 0, "receive_window must be non-negative, but got ",
@@ -280,9 +277,9 @@ schedule::Evaluation PipelineStage::run(const Batch& input, const Batch* target,
   }
   trace::UseTracer use_tracer(options_.tracer().get(), rank(), steps_++);
   try {
-    if (training) detail::check_training_mode();
-    const detail::StepBatches batches =
-        detail::split_step(input, target, options_.chunks(), options_.loss_reduction());
+    if (training) schedule::detail::check_training_mode();
+    const schedule::detail::StepBatches batches =
+        schedule::detail::split_step(input, target, options_.chunks(), options_.loss_reduction());
     const int64_t M = batches.size();
     const std::shared_ptr<amp::GradScaler> scaler = training ? options_.grad_scaler() : nullptr;
     const schedule::Schedule& plan = training ? schedule(M) : schedules_->forward_only(M);
@@ -310,7 +307,7 @@ schedule::Evaluation PipelineStage::run(const Batch& input, const Batch* target,
       schedule::run_actions(actions, by_index_, *transport_, inputs, losses);
     }
     if (target != nullptr && rank() == last_rank) {
-      result.loss = detail::total_loss(losses);
+      result.loss = schedule::detail::total_loss(losses);
       message[0] = result.loss.item<double>();
       message[1] = static_cast<double>(result.loss.scalar_type());
       for (const auto r : c10::irange(first_rank, first_rank + pipeline_size())) {

@@ -1,4 +1,4 @@
-#include "engine.h"
+#include "schedule/engine.h"
 
 #include "gpipe/schedule/validate.h"
 #include "gpipe/skip/layout.h"
@@ -11,6 +11,7 @@
 #include <utility>
 
 namespace gpipe {
+namespace schedule {
 namespace detail {
 
 void check_training_mode() {
@@ -31,7 +32,7 @@ skip::SkipLayout verify_skips(const std::vector<torch::nn::Sequential>& stages) 
 }
 
 StepBatches split_step(const Batch& input, const Batch* target, int64_t chunks,
-                       schedule::LossReduction reduction) {
+                       LossReduction reduction) {
   check(input);
   const int64_t N = input[0].size(0);
   StepBatches step{scatter(input, chunks), {}, {}};
@@ -44,7 +45,7 @@ StepBatches split_step(const Batch& input, const Batch* target, int64_t chunks,
     TORCH_INTERNAL_ASSERT(static_cast<int64_t>(step.targets.size()) == M);
   }
   step.scales.assign(M, 1.0);
-  if (reduction == schedule::LossReduction::kMean) {
+  if (reduction == LossReduction::kMean) {
     for (const auto i : c10::irange(M)) {
       step.scales[i] = static_cast<double>(step.inputs[i][0].size(0)) / static_cast<double>(N);
     }
@@ -58,8 +59,8 @@ at::Tensor total_loss(const std::vector<at::Tensor>& losses) {
   return total;
 }
 
-ScheduleCache::ScheduleCache(schedule::ScheduleKind kind, int64_t num_workers, int64_t num_stages,
-                             int64_t queue_capacity, std::optional<schedule::Schedule> custom)
+ScheduleCache::ScheduleCache(ScheduleKind kind, int64_t num_workers, int64_t num_stages,
+                             int64_t queue_capacity, std::optional<Schedule> custom)
     : custom_(std::move(custom)),
       kind_(kind),
       num_workers_(num_workers),
@@ -72,44 +73,43 @@ ScheduleCache::ScheduleCache(schedule::ScheduleKind kind, int64_t num_workers, i
                     " stages on ", num_workers, " workers");
 }
 
-const schedule::Schedule& ScheduleCache::get(int64_t num_microbatches) {
+const Schedule& ScheduleCache::get(int64_t num_microbatches) {
   auto it = schedules_.find(num_microbatches);
   if (it != schedules_.end()) return it->second;
   TORCH_CHECK_VALUE(!custom_ || custom_->num_microbatches == num_microbatches,
                     "the custom schedule has ", custom_ ? custom_->num_microbatches : 0,
                     " micro-batches, but this step has ", num_microbatches,
                     " (chunks, or fewer where the batch is smaller)");
-  const int64_t least = schedule::min_microbatches(kind_, num_stages_);
+  const int64_t least = min_microbatches(kind_, num_stages_);
   TORCH_CHECK_VALUE(custom_ || least == 1 || num_microbatches >= least, "schedule ", kind_,
                     " needs at least ", least, " micro-batches on ", num_stages_,
                     " stages, but this step has ", num_microbatches,
                     " (chunks, or fewer where the batch is smaller)");
-  schedule::Schedule s =
-      custom_ ? *custom_
-              : schedule::make_schedule(kind_, num_workers_, num_stages_, num_microbatches);
+  Schedule s =
+      custom_ ? *custom_ : make_schedule(kind_, num_workers_, num_stages_, num_microbatches);
   const int64_t capacity = queue_capacity_ > 0 ? queue_capacity_ : num_microbatches;
-  schedule::validate(s, schedule::ValidateOptions().queue_capacity(capacity));
+  validate(s, ValidateOptions().queue_capacity(capacity));
   return schedules_.emplace(num_microbatches, std::move(s)).first->second;
 }
 
-const schedule::Schedule& ScheduleCache::forward_only(int64_t num_microbatches) {
+const Schedule& ScheduleCache::forward_only(int64_t num_microbatches) {
   auto it = forward_only_.find(num_microbatches);
   if (it != forward_only_.end()) return it->second;
-  schedule::Schedule s = get(num_microbatches);
+  Schedule s = get(num_microbatches);
   for (auto& actions : s.actions) {
-    std::vector<schedule::Action> kept;
+    std::vector<Action> kept;
     for (const auto& a : actions) {
-      if (a.kind == schedule::ActionKind::kForward ||
-          a.kind == schedule::ActionKind::kSendActivation ||
-          a.kind == schedule::ActionKind::kRecvActivation) {
+      if (a.kind == ActionKind::kForward || a.kind == ActionKind::kSendActivation ||
+          a.kind == ActionKind::kRecvActivation) {
         kept.push_back(a);
       }
     }
     actions = std::move(kept);
   }
-  schedule::validate(s, schedule::ValidateOptions().forward_only(true));
+  validate(s, ValidateOptions().forward_only(true));
   return forward_only_.emplace(num_microbatches, std::move(s)).first->second;
 }
 
 }  // namespace detail
+}  // namespace schedule
 }  // namespace gpipe

@@ -8,10 +8,11 @@
 // Internal to the engines.
 #pragma once
 
+#include "schedule/run_actions.h"
+
 #include "gpipe/microbatch.h"
 #include "gpipe/schedule/action.h"
 #include "gpipe/schedule/generators.h"
-#include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/runtime.h"
 #include "gpipe/skip/layout.h"
 
@@ -24,6 +25,7 @@
 #include <vector>
 
 namespace gpipe {
+namespace schedule {
 namespace detail {
 
 /// Throws c10::ValueError unless the calling thread is in grad mode: a training step needs it
@@ -41,8 +43,8 @@ struct StepBatches {
   std::vector<double> scales;
 
   int64_t size() const { return static_cast<int64_t>(inputs.size()); }
-  schedule::StepInputs with(const schedule::LossFunction& loss) const {
-    return schedule::StepInputs{inputs, targets, scales, loss};
+  StepInputs with(const LossFunction& loss) const {
+    return StepInputs{inputs, targets, scales, loss};
   }
 };
 
@@ -51,7 +53,7 @@ struct StepBatches {
 /// computes outputs), `targets` stays empty. Throws c10::ValueError for a bad batch or batches of
 /// different sizes.
 StepBatches split_step(const Batch& input, const Batch* target, int64_t chunks,
-                       schedule::LossReduction reduction);
+                       LossReduction reduction);
 
 /// The loss of the whole batch: the sum of the micro-batches' scaled losses.
 at::Tensor total_loss(const std::vector<at::Tensor>& losses);
@@ -62,32 +64,33 @@ class ScheduleCache {
   /// `kind` over `num_stages` stages on `num_workers` workers, or `custom` where there is one;
   /// edges hold `queue_capacity` messages (0: as many as there are micro-batches). Throws
   /// c10::ValueError for a custom schedule of other numbers of workers or stages.
-  ScheduleCache(schedule::ScheduleKind kind, int64_t num_workers, int64_t num_stages,
-                int64_t queue_capacity, std::optional<schedule::Schedule> custom = std::nullopt);
+  ScheduleCache(ScheduleKind kind, int64_t num_workers, int64_t num_stages, int64_t queue_capacity,
+                std::optional<Schedule> custom = std::nullopt);
 
   /// Throws c10::ValueError unless num_microbatches is positive, or for a custom schedule,
   /// unless it is the custom schedule's.
-  const schedule::Schedule& get(int64_t num_microbatches);
+  const Schedule& get(int64_t num_microbatches);
 
   /// The schedule of an evaluation of `num_microbatches` micro-batches: get()'s forwards and
   /// their messages, in its order (with every send unbounded, a part of a valid schedule runs).
-  const schedule::Schedule& forward_only(int64_t num_microbatches);
+  const Schedule& forward_only(int64_t num_microbatches);
 
   /// Makes the schedule of the fewest micro-batches it runs (or the custom one): fails early,
   /// before any step, for stages the schedule cannot run.
   void prepare() {
-    get(custom_ ? custom_->num_microbatches : schedule::min_microbatches(kind_, num_stages_));
+    get(custom_ ? custom_->num_microbatches : min_microbatches(kind_, num_stages_));
   }
 
  private:
-  std::optional<schedule::Schedule> custom_;
-  schedule::ScheduleKind kind_;
+  std::optional<Schedule> custom_;
+  ScheduleKind kind_;
   int64_t num_workers_;
   int64_t num_stages_;
   int64_t queue_capacity_;
-  std::map<int64_t, schedule::Schedule> schedules_;
-  std::map<int64_t, schedule::Schedule> forward_only_;
+  std::map<int64_t, Schedule> schedules_;
+  std::map<int64_t, Schedule> forward_only_;
 };
 
 }  // namespace detail
+}  // namespace schedule
 }  // namespace gpipe

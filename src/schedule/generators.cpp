@@ -1,51 +1,18 @@
 #include "gpipe/schedule/generators.h"
 
-#include "exact.h"
+#include "schedule/generator_checks.h"
+#include "schedule/greedy_split_backward.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 
 #include <algorithm>
-#include <deque>
-#include <functional>
-#include <map>
-#include <optional>
 #include <utility>
 #include <vector>
 
 namespace gpipe {
 namespace schedule {
-namespace {
-
-void check_positive(int64_t value, const char* name) {
-  TORCH_CHECK_VALUE(value > 0, name, " must be positive, but got ", value);
-}
-
-// A schedule holds a few actions per (stage, micro-batch): refuse what no memory could hold
-// before trying to build it.
-constexpr int64_t kMaxCells = int64_t{1} << 32;
-
-void check_size(int64_t num_stages, int64_t num_microbatches) {
-  check_positive(num_stages, "num_stages");
-  check_positive(num_microbatches, "num_microbatches");
-  const detail::Exact cells = detail::Exact(num_stages) * num_microbatches;
-  TORCH_CHECK_VALUE(cells <= kMaxCells, "a schedule of ", num_stages, " stages and ",
-                    num_microbatches, " micro-batches has ", detail::to_string(cells),
-                    " (stage, micro-batch) cells, more than the ", kMaxCells,
-                    " a schedule can hold");
-}
-
-// A V's 2W stages.
-void check_v_size(int64_t num_workers, int64_t num_microbatches) {
-  check_positive(num_workers, "num_workers");
-  TORCH_CHECK_VALUE(num_workers <= kMaxCells / 2, num_workers,
-                    " workers with 2 stages each make more than the ", kMaxCells,
-                    " stages a schedule can hold");
-  check_size(2 * num_workers, num_microbatches);
-}
-
-}  // namespace
 
 Schedule with_communication(const Schedule& computes) {
   Schedule schedule = computes;
@@ -77,109 +44,16 @@ Schedule with_communication(const Schedule& computes) {
 
 namespace {
 
-// The zero-bubble schedules of several stages per worker (ZBV, interleaved ZB1P): a simulation
-// in unit-time ticks in which each worker runs the input gradient of its oldest ready
-// micro-batch (the critical path), else a forward - the stage nearer the loss first - while it
-// holds fewer than limit(w) micro-batches (forwarded, weight gradient not computed yet), else its
-// oldest pending weight gradient; the bound lifts only in a tick where nothing else could run. A
-// result computed at tick t is usable from tick t + 1; each stage runs its forwards, input
-// gradients and weight gradients in micro-batch order.
-Schedule greedy_split_backward(int64_t W, int64_t v, int64_t M, Placement placement,
-                               const std::function<int64_t(int64_t)>& limit) {
-  const int64_t S = W * v;
-  std::vector<std::vector<int64_t>> stages_of(W);  // each worker's, the one nearest the loss first
-  for (int64_t s = S - 1; s >= 0; --s) stages_of[worker_of(placement, s, W)].push_back(s);
-  constexpr int64_t kNotYet = -1;
-  std::vector<int64_t> forward_tick(S * M, kNotYet), input_grad_tick(S * M, kNotYet);
-  const auto cell = [M](int64_t stage, int64_t i) { return stage * M + i; };
-  const auto done_before = [](int64_t tick, int64_t now) { return tick != kNotYet && tick < now; };
-  std::vector<int64_t> forwards(S, 0), backwards(S, 0), weights(S, 0);  // per stage: how many
-  std::vector<int64_t> held(W, 0), left(W, v * M);                      // per worker
-  std::vector<std::vector<Action>> computes(W);
-  for (int64_t tick = 0, finished = 0; finished < W; ++tick) {
-    bool progressed = false;
-    for (int pass = 0; pass < 2 && !progressed; ++pass) {
-      // The second pass, only when nothing could run, lifts the memory bound.
-      const bool bounded = pass == 0;
-      for (const auto w : c10::irange(W)) {
-        if (left[w] == 0) continue;
-        std::optional<Action> next;
-        for (const int64_t s : stages_of[w]) {
-          const int64_t i = backwards[s];
-          if (i == M || (next && next->microbatch <= i)) continue;
-          if (done_before(forward_tick[cell(s, i)], tick) &&
-              (s == S - 1 || done_before(input_grad_tick[cell(s + 1, i)], tick))) {
-            next = Action{ActionKind::kBackwardInput, i, s};
-          }
-        }
-        if (!next && (!bounded || held[w] < limit(w))) {
-          for (const int64_t s : stages_of[w]) {
-            const int64_t i = forwards[s];
-            if (!next && i < M && (s == 0 || done_before(forward_tick[cell(s - 1, i)], tick))) {
-              next = Action{ActionKind::kForward, i, s};
-            }
-          }
-        }
-        if (!next) {
-          for (const int64_t s : stages_of[w]) {
-            const int64_t i = weights[s];
-            if (i < backwards[s] && (!next || i < next->microbatch)) {
-              next = Action{ActionKind::kBackwardWeight, i, s};
-            }
-          }
-        }
-        if (!next) continue;
-        const int64_t s = next->stage;
-        if (next->kind == ActionKind::kForward) {
-          forward_tick[cell(s, forwards[s]++)] = tick;
-          ++held[w];
-        } else if (next->kind == ActionKind::kBackwardInput) {
-          input_grad_tick[cell(s, backwards[s]++)] = tick;
-        } else {
-          ++weights[s];
-          --held[w];
-          if (--left[w] == 0) ++finished;
-        }
-        computes[w].push_back(*next);
-        progressed = true;
-      }
-    }
-    TORCH_INTERNAL_ASSERT(progressed, "zero-bubble generator stalled at tick ", tick);
-  }
-  return with_communication(Schedule{W, S, M, placement, computes});
-}
-
 // How many forwards worker w of W, with v looped stages each, keeps ahead of its backwards in
 // interleaved 1F1B: Megatron-LM's warm-up, plus one.
 int64_t interleaved_warmup(int64_t W, int64_t v, int64_t w) {
   return (W - w - 1) * 2 + (v - 1) * W + 1;
 }
 
-// Checks the counts of a schedule of `num_workers` workers with `stages_per_worker` stages each.
-void check_stages(int64_t num_workers, int64_t stages_per_worker, int64_t num_microbatches) {
-  check_positive(num_workers, "num_workers");
-  check_positive(stages_per_worker, "stages_per_worker");
-  const detail::Exact stages = detail::Exact(num_workers) * stages_per_worker;
-  TORCH_CHECK_VALUE(stages <= kMaxCells, num_workers, " workers with ", stages_per_worker,
-                    " stages each make ", detail::to_string(stages), " stages, more than the ",
-                    kMaxCells, " a schedule can hold");
-  check_size(static_cast<int64_t>(stages), num_microbatches);
-}
-
 }  // namespace
 
-bool splits_backward(const Schedule& schedule) {
-  for (const auto& actions : schedule.actions) {
-    for (const Action& a : actions) {
-      if (a.kind == ActionKind::kBackwardInput || a.kind == ActionKind::kBackwardWeight)
-        return true;
-    }
-  }
-  return false;
-}
-
 Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches) {
-  check_size(num_stages, num_microbatches);
+  detail::check_size(num_stages, num_microbatches);
   std::vector<std::vector<Action>> computes(num_stages);
   for (const auto s : c10::irange(num_stages)) {
     for (const auto i : c10::irange(num_microbatches)) {
@@ -194,7 +68,7 @@ Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches) {
 }
 
 Schedule one_f_one_b_schedule(int64_t num_stages, int64_t num_microbatches) {
-  check_size(num_stages, num_microbatches);
+  detail::check_size(num_stages, num_microbatches);
   std::vector<std::vector<Action>> computes(num_stages);
   for (const auto s : c10::irange(num_stages)) {
     const int64_t warmup = std::min(num_stages - 1 - s, num_microbatches);
@@ -214,7 +88,7 @@ Schedule one_f_one_b_schedule(int64_t num_stages, int64_t num_microbatches) {
 }
 
 Schedule zb1p_schedule(int64_t num_stages, int64_t num_microbatches) {
-  check_size(num_stages, num_microbatches);
+  detail::check_size(num_stages, num_microbatches);
   std::vector<std::vector<Action>> computes(num_stages);
   for (const auto s : c10::irange(num_stages)) {
     auto& list = computes[s];
@@ -242,7 +116,7 @@ Schedule zb1p_schedule(int64_t num_stages, int64_t num_microbatches) {
 
 Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_per_worker,
                                           int64_t num_microbatches) {
-  check_stages(num_workers, stages_per_worker, num_microbatches);
+  detail::check_stages(num_workers, stages_per_worker, num_microbatches);
   const int64_t W = num_workers;
   const int64_t v = stages_per_worker;
   const int64_t M = num_microbatches;
@@ -311,116 +185,21 @@ Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_pe
   return with_communication(Schedule{W, S, M, Placement::kLooped, computes});
 }
 
-Schedule zbv_schedule(int64_t num_workers, int64_t num_microbatches) {
-  check_v_size(num_workers, num_microbatches);
-  // A worker holds at most 2W half-size micro-batches: the memory of 1F1B's first stage.
-  return greedy_split_backward(num_workers, 2, num_microbatches, Placement::kV,
-                               [num_workers](int64_t) { return 2 * num_workers; });
-}
-
-namespace {
-
-// One worker's compute list as DualPipeV writes it: each stage's forwards and backwards take the
-// next micro-batch in order, and the weight gradients wait in a queue, oldest first.
-class DualPipeVList {
- public:
-  explicit DualPipeVList(std::vector<Action>& actions) : actions_(actions) {}
-
-  void forward(int64_t stage) {
-    actions_.push_back({ActionKind::kForward, forwards_[stage]++, stage});
-  }
-  // The whole backward, or (split) its input half with the weight half queued.
-  void backward(int64_t stage, bool split = false) {
-    const int64_t i = backwards_[stage]++;
-    if (!split) {
-      actions_.push_back({ActionKind::kBackward, i, stage});
-      return;
-    }
-    actions_.push_back({ActionKind::kBackwardInput, i, stage});
-    weights_.push_back({ActionKind::kBackwardWeight, i, stage});
-  }
-  void weight_if_pending() {
-    if (weights_.empty()) return;
-    actions_.push_back(weights_.front());
-    weights_.pop_front();
-  }
-
- private:
-  std::vector<Action>& actions_;
-  std::map<int64_t, int64_t> forwards_, backwards_;
-  std::deque<Action> weights_;
-};
-
-}  // namespace
-
-Schedule dualpipev_schedule(int64_t num_workers, int64_t num_microbatches) {
-  check_v_size(num_workers, num_microbatches);
-  const int64_t W = num_workers;
-  const int64_t M = num_microbatches;
-  TORCH_CHECK_VALUE(M >= min_microbatches(ScheduleKind::kDualPipeV, 2 * W),
-                    "schedule dualpipev needs at least as many micro-batches as stages (", 2 * W,
-                    " for ", W, " workers), but got ", M);
-  std::vector<std::vector<Action>> computes(W);
-  for (const auto w : c10::irange(W)) {
-    // DeepSeek's DualPipeV, phase by phase as torch.distributed.pipelining writes it; an
-    // overlapped pair "F a, B b" runs back to back. `down` is the V's stage on the way down,
-    // `up` the one on the way back.
-    const int64_t down = w;
-    const int64_t up = 2 * W - 1 - w;
-    DualPipeVList list(computes[w]);
-    for (int64_t k = 0; k < 2 * (W - w - 1); ++k) list.forward(down);
-    for (int64_t k = 0; k <= w; ++k) {
-      list.forward(down);
-      list.forward(up);
-    }
-    for (int64_t k = 0; k < W - w - 1; ++k) {
-      list.backward(up, /*split=*/true);
-      list.weight_if_pending();
-      list.forward(up);
-    }
-    for (int64_t k = 0; k < M - 2 * W + w + 1;
-         ++k) {  // the steady state: F down + B up, F up + B down
-      list.forward(down);
-      list.backward(up);
-      list.forward(up);
-      list.backward(down);
-    }
-    for (int64_t k = 0; k < W - w - 1; ++k) {
-      list.backward(up);
-      list.forward(up);
-      list.backward(down);
-    }
-    // The cooldown: from the middle on, backwards split to let the weight halves fill the gaps.
-    bool split = false;
-    for (int64_t k = 0; k <= w; ++k) {
-      if (k == (w + 1) / 2 && w % 2 == 1) split = true;
-      list.backward(up, split);
-      if (k == (w + 1) / 2 && w % 2 == 0) split = true;
-      list.backward(down, split);
-    }
-    for (int64_t k = 0; k < W - w - 1; ++k) {
-      list.weight_if_pending();
-      list.backward(down, split);
-    }
-    for (int64_t k = 0; k <= w; ++k) list.weight_if_pending();
-  }
-  return with_communication(Schedule{W, 2 * W, M, Placement::kV, computes});
-}
-
 Schedule interleaved_zb1p_schedule(int64_t num_workers, int64_t stages_per_worker,
                                    int64_t num_microbatches) {
-  check_stages(num_workers, stages_per_worker, num_microbatches);
+  detail::check_stages(num_workers, stages_per_worker, num_microbatches);
   const int64_t W = num_workers;
   const int64_t v = stages_per_worker;
   // Interleaved 1F1B's warm-up bound on what a worker holds, and W more micro-batches waiting
   // for their weight gradients, as ZB1P's last stage holds.
-  return greedy_split_backward(W, v, num_microbatches, Placement::kLooped,
-                               [W, v](int64_t w) { return interleaved_warmup(W, v, w) + W; });
+  return detail::greedy_split_backward(
+      W, v, num_microbatches, Placement::kLooped,
+      [W, v](int64_t w) { return interleaved_warmup(W, v, w) + W; });
 }
 
 Schedule looped_bfs_schedule(int64_t num_workers, int64_t stages_per_worker,
                              int64_t num_microbatches) {
-  check_stages(num_workers, stages_per_worker, num_microbatches);
+  detail::check_stages(num_workers, stages_per_worker, num_microbatches);
   const int64_t W = num_workers;
   const int64_t v = stages_per_worker;
   const int64_t M = num_microbatches;
@@ -441,8 +220,8 @@ Schedule looped_bfs_schedule(int64_t num_workers, int64_t stages_per_worker,
 
 Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stages,
                        int64_t num_microbatches) {
-  check_positive(num_workers, "num_workers");
-  check_positive(num_stages, "num_stages");
+  detail::check_positive(num_workers, "num_workers");
+  detail::check_positive(num_stages, "num_stages");
   switch (kind) {
     case ScheduleKind::kGPipe:
     case ScheduleKind::kOneFOneB:

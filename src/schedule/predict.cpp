@@ -128,7 +128,7 @@ Prediction predict(const Schedule& schedule, const ActionCosts& costs) {
   }
   prediction.step_time = step_time;
   prediction.bubble_fraction = step_time > 0 ? 1 - busy / (static_cast<double>(W) * step_time) : 0;
-  prediction.peak_live_microbatches = timeline.max_pending;
+  prediction.peak_live_microbatches = timeline.peak_live_microbatches;
   return prediction;
 }
 

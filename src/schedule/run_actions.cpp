@@ -1,14 +1,14 @@
-#include "gpipe/schedule/run_actions.h"
+#include "schedule/run_actions.h"
 
 #include "detail/autocast_state.h"
+#include "schedule/mailbox.h"
+
 #include "gpipe/memory.h"
 #include "gpipe/trace.h"
 
 #include <c10/util/Exception.h>
 
-#include <map>
 #include <optional>
-#include <tuple>
 #include <utility>
 
 namespace gpipe {
@@ -42,19 +42,9 @@ const char* trace_name(ActionKind kind) {
 
 void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& stages,
                  Transport& transport, const StepInputs& step, std::vector<at::Tensor>& losses) {
-  // Per stage of this worker: received inputs and output gradients, and outputs to send.
-  std::map<std::pair<int64_t, int64_t>, Batch> received_inputs, received_grads, outputs,
-      grad_inputs;
-  const auto key = [](const Action& a) { return std::make_pair(a.stage, a.microbatch); };
-  const auto take = [](std::map<std::pair<int64_t, int64_t>, Batch>& from,
-                       std::pair<int64_t, int64_t> k, const Action& a) {
-    auto it = from.find(k);
-    TORCH_INTERNAL_ASSERT(it != from.end(), "nothing to use for ", a);
-    Batch batch = std::move(it->second);
-    from.erase(it);
-    return batch;
-  };
-  // A message between two stages of this worker goes straight into the receiver's inbox.
+  using detail::Slot;
+  detail::Mailbox mailbox;
+  // A message between two stages of this worker goes straight into the receiver's slot.
   const auto runs = [&stages](int64_t s) {
     return s >= 0 && s < static_cast<int64_t>(stages.size()) && stages[s] != nullptr;
   };
@@ -63,7 +53,6 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
   // the other stage). Sent by the forward (backward) that makes them, received by the one that
   // uses them: the other stage's forward (backward) of the micro-batch came before this one's on
   // the pipeline's path, so the message is on its way.
-  std::map<std::tuple<int64_t, int64_t, int64_t>, Batch> skip_inbox;  // (from, to, micro-batch)
   const auto send_skips = [&](int64_t from, const std::vector<skip::SkipRoute>& routes,
                               SkipTensors tensors, int64_t i) {
     for (size_t k = 0; k < routes.size();) {
@@ -73,7 +62,7 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
         message.push_back(std::move(tensors[k]));
       }
       if (runs(to)) {
-        skip_inbox.emplace(std::make_tuple(from, to, i), Batch(std::move(message)));
+        mailbox.put_skips(from, to, i, Batch(std::move(message)));
       } else {
         transport.send(Batch(std::move(message)), from, to, i, Lane::kSkip);
       }
@@ -83,15 +72,8 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
     SkipTensors tensors;
     for (size_t k = 0; k < routes.size();) {
       const int64_t from = routes[k].other_stage(to);
-      Batch message = [&] {
-        if (!runs(from)) return transport.recv(from, to, i, Lane::kSkip);
-        auto it = skip_inbox.find(std::make_tuple(from, to, i));
-        TORCH_INTERNAL_ASSERT(it != skip_inbox.end(), "no skips sent from stage ", from,
-                              " to stage ", to, " for micro-batch ", i);
-        Batch batch = std::move(it->second);
-        skip_inbox.erase(it);
-        return batch;
-      }();
+      Batch message =
+          runs(from) ? mailbox.take_skips(from, to, i) : transport.recv(from, to, i, Lane::kSkip);
       for (const auto& x : message) {
         TORCH_CHECK_VALUE(k < routes.size() && routes[k].other_stage(to) == from, "stage ", to,
                           " received ", message.size(), " skip tensor(s) from stage ", from,
@@ -116,27 +98,28 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
     trace::TraceSpan span(trace_name(a.kind), a.stage, i);
     // Backwards run outside autocast, as PyTorch's recipe runs loss.backward(); a recomputation
     // inside them restores its forward's settings (checkpoint.h).
-    std::optional<detail::UseAutocast> no_autocast;
+    std::optional<gpipe::detail::UseAutocast> no_autocast;
     if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardInput ||
         a.kind == ActionKind::kBackwardWeight) {
-      no_autocast.emplace(detail::AutocastState{});
+      no_autocast.emplace(gpipe::detail::AutocastState{});
     }
     switch (a.kind) {
       case ActionKind::kRecvActivation:
         if (runs(a.stage - 1)) {
-          TORCH_INTERNAL_ASSERT(received_inputs.count(key(a)), "nothing sent here for ", a);
+          TORCH_INTERNAL_ASSERT(mailbox.holds(Slot::kInput, a.stage, i), "nothing sent here for ",
+                                a);
         } else {
-          received_inputs.emplace(key(a), transport.recv(a.stage - 1, a.stage, i));
+          mailbox.put(Slot::kInput, a.stage, i, transport.recv(a.stage - 1, a.stage, i));
         }
         break;
       case ActionKind::kForward: {
-        Batch input = stage.is_first() ? step.inputs[i] : take(received_inputs, key(a), a);
+        Batch input = stage.is_first() ? step.inputs[i] : mailbox.take(Slot::kInput, a);
         const SkipTensors popped = recv_skips(a.stage, stage.skip_pops(), i);
         if (step.outputs != nullptr) {
           SkipTensors stashed;
           Batch output = stage.forward_only(i, input, popped, &stashed);
           if (!stage.is_last()) {
-            outputs.emplace(key(a), std::move(output));
+            mailbox.put(Slot::kOutput, a.stage, i, std::move(output));
             send_skips(a.stage, stage.skip_stashes(), std::move(stashed), i);
             break;
           }
@@ -149,36 +132,39 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
               stage.forward_loss(i, input, step.targets[i], step.loss, step.scales[i], popped);
         } else {
           SkipTensors stashed;
-          outputs.emplace(key(a), stage.forward(i, input, popped, &stashed));
+          mailbox.put(Slot::kOutput, a.stage, i, stage.forward(i, input, popped, &stashed));
           send_skips(a.stage, stage.skip_stashes(), std::move(stashed), i);
         }
         break;
       }
       case ActionKind::kSendActivation:
         if (runs(a.stage + 1)) {
-          received_inputs.emplace(std::make_pair(a.stage + 1, i), take(outputs, key(a), a));
+          mailbox.put(Slot::kInput, a.stage + 1, i, mailbox.take(Slot::kOutput, a));
         } else {
-          transport.send(take(outputs, key(a), a), a.stage, a.stage + 1, i);
+          transport.send(mailbox.take(Slot::kOutput, a), a.stage, a.stage + 1, i);
         }
         break;
       case ActionKind::kRecvGradient:
         if (runs(a.stage + 1)) {
-          TORCH_INTERNAL_ASSERT(received_grads.count(key(a)), "nothing sent here for ", a);
+          TORCH_INTERNAL_ASSERT(mailbox.holds(Slot::kOutputGradient, a.stage, i),
+                                "nothing sent here for ", a);
         } else {
-          received_grads.emplace(key(a), transport.recv(a.stage + 1, a.stage, i));
+          mailbox.put(Slot::kOutputGradient, a.stage, i, transport.recv(a.stage + 1, a.stage, i));
         }
         break;
       case ActionKind::kBackward:
       case ActionKind::kBackwardInput: {
-        Batch grad =
-            stage.is_last() ? Batch(std::vector<at::Tensor>{}) : take(received_grads, key(a), a);
+        Batch grad = stage.is_last() ? Batch(std::vector<at::Tensor>{})
+                                     : mailbox.take(Slot::kOutputGradient, a);
         const SkipTensors stashed_grads = recv_skips(a.stage, stage.skip_stashes(), i);
         SkipTensors popped_grads;
         Batch grad_input = a.kind == ActionKind::kBackward
                                ? stage.backward(i, grad, stashed_grads, &popped_grads)
                                : stage.backward_input(i, grad, stashed_grads, &popped_grads);
         send_skips(a.stage, stage.skip_pops(), std::move(popped_grads), i);
-        if (!stage.is_first()) grad_inputs.emplace(key(a), std::move(grad_input));
+        if (!stage.is_first()) {
+          mailbox.put(Slot::kInputGradient, a.stage, i, std::move(grad_input));
+        }
         break;
       }
       case ActionKind::kBackwardWeight:
@@ -186,9 +172,9 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
         break;
       case ActionKind::kSendGradient:
         if (runs(a.stage - 1)) {
-          received_grads.emplace(std::make_pair(a.stage - 1, i), take(grad_inputs, key(a), a));
+          mailbox.put(Slot::kOutputGradient, a.stage - 1, i, mailbox.take(Slot::kInputGradient, a));
         } else {
-          transport.send(take(grad_inputs, key(a), a), a.stage, a.stage - 1, i);
+          transport.send(mailbox.take(Slot::kInputGradient, a), a.stage, a.stage - 1, i);
         }
         break;
     }

@@ -1,15 +1,15 @@
 #include "gpipe/schedule/runtime.h"
 
 #include "detail/caller_state.h"
-#include "engine.h"
+#include "detail/split.h"
+#include "schedule/engine.h"
 #include "schedule/gradient_norm.h"
 #include "schedule/pipeline_parameters.h"
+#include "schedule/run_actions.h"
 #include "schedule/set_aside_gradients.h"
 #include "schedule/tied_gradients.h"
-#include "split.h"
 
 #include "gpipe/amp/grad_scaler.h"
-#include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/thread_transport.h"
 
 #include <ATen/Parallel.h>
@@ -54,9 +54,9 @@ PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, Lo
     TORCH_CHECK_VALUE(stages[s] && !stages[s]->is_empty(), "stage ", s, " has no layers");
   }
   const skip::SkipLayout skips = detail::verify_skips(stages);
-  const auto parameters = detail::pipeline_parameters(stages);
-  detail::check_tied_devices(parameters, devices);
-  parameters_ = detail::tensors_of(parameters);
+  const auto parameters = gpipe::detail::pipeline_parameters(stages);
+  gpipe::detail::check_tied_devices(parameters, devices);
+  parameters_ = gpipe::detail::tensors_of(parameters);
   std::vector<at::Tensor> tied;
   for (const auto& p : parameters) {
     if (p.tied()) tied.push_back(p.tensor);
@@ -67,7 +67,7 @@ PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, Lo
                                               options_.checkpoint(), &skips));
   }
   if (!tied.empty()) {
-    tied_gradients_ = std::make_unique<detail::TiedGradients>(std::move(tied), num_workers_);
+    tied_gradients_ = std::make_unique<gpipe::detail::TiedGradients>(std::move(tied), num_workers_);
   }
   schedules_ = std::make_unique<detail::ScheduleCache>(
       options_.schedule(), num_workers_, S, options_.queue_capacity(), options_.custom_schedule());
@@ -78,7 +78,7 @@ PipelineSchedule::PipelineSchedule(std::vector<torch::nn::Sequential> stages, Lo
 PipelineSchedule::PipelineSchedule(const torch::nn::Sequential& module,
                                    const std::vector<int64_t>& balance, LossFunction loss,
                                    PipelineScheduleOptions options)
-    : PipelineSchedule(detail::split_by_balance(module, balance), std::move(loss),
+    : PipelineSchedule(gpipe::detail::split_by_balance(module, balance), std::move(loss),
                        std::move(options)) {}
 
 PipelineSchedule::~PipelineSchedule() = default;
@@ -94,10 +94,10 @@ torch::nn::Sequential& PipelineSchedule::stage_module(int64_t index) {
   return stages_[index]->module();
 }
 
-int64_t PipelineSchedule::max_live_microbatches(int64_t index) const {
+int64_t PipelineSchedule::peak_live_microbatches(int64_t index) const {
   TORCH_CHECK_INDEX(index >= 0 && index < num_stages(), "stage ", index, " is out of range for ",
                     num_stages(), " stages");
-  return stages_[index]->max_live_microbatches();
+  return stages_[index]->peak_live_microbatches();
 }
 
 void PipelineSchedule::run_worker(int64_t worker, const Schedule& schedule, const StepInputs& step,
@@ -119,15 +119,15 @@ void PipelineSchedule::run_worker(int64_t worker, const Schedule& schedule, cons
 void PipelineSchedule::run_workers(const Schedule& schedule, const StepInputs& step,
                                    std::vector<at::Tensor>& losses, int64_t queue_capacity) {
   ThreadTransport transport(num_stages(), queue_capacity);
-  const detail::CallerState caller;
+  const gpipe::detail::CallerState caller;
   std::mutex error_mutex;
   std::exception_ptr error;  // the first failure, guarded by error_mutex
   std::vector<std::thread> threads;
   for (const auto w : c10::irange(num_workers_)) {
     threads.emplace_back([&, w] {
       try {
-        detail::UseCallerState caller_state(caller);
-        std::optional<detail::TiedGradients::UseWorker> worker;
+        gpipe::detail::UseCallerState caller_state(caller);
+        std::optional<gpipe::detail::TiedGradients::UseWorker> worker;
         if (tied_gradients_) worker.emplace(*tied_gradients_, w);
         run_worker(w, schedule, step, losses, transport);
       } catch (...) {
@@ -160,7 +160,7 @@ at::Tensor PipelineSchedule::step(const Batch& input, const Batch& target) {
   std::vector<at::Tensor> losses(M);
   {
     // With a scaler, the step's own gradients are unscaled and checked.
-    detail::SetAsideGradients accumulated(scaler ? parameters_ : std::vector<at::Tensor>{});
+    gpipe::detail::SetAsideGradients accumulated(scaler ? parameters_ : std::vector<at::Tensor>{});
     run_workers(chosen, batches.with(loss_), losses,
                 options_.queue_capacity() > 0 ? options_.queue_capacity() : M);
     if (tied_gradients_) tied_gradients_->finish();
@@ -197,7 +197,7 @@ std::vector<at::Tensor> PipelineSchedule::parameters() const { return parameters
 
 double PipelineSchedule::clip_grad_norm(double max_norm, double norm_type,
                                         bool error_if_nonfinite) {
-  detail::check_clip_options(max_norm, norm_type);
+  gpipe::detail::check_clip_options(max_norm, norm_type);
   return torch::nn::utils::clip_grad_norm_(parameters_, max_norm, norm_type, error_if_nonfinite);
 }
 

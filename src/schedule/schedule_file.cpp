@@ -8,7 +8,6 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
-#include <cctype>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -21,57 +20,13 @@ namespace gpipe {
 namespace schedule {
 namespace {
 
-// Each kind's letters in the compact notation; the longer ones first, so that "SEND_F" is not
-// read as a stage followed by "S".
-const std::vector<std::pair<std::string, ActionKind>>& notation() {
-  static const std::vector<std::pair<std::string, ActionKind>> kinds{
-      {"SEND_F", ActionKind::kSendActivation},
-      {"RECV_F", ActionKind::kRecvActivation},
-      {"SEND_B", ActionKind::kSendGradient},
-      {"RECV_B", ActionKind::kRecvGradient},
-      {"F", ActionKind::kForward},
-      {"B", ActionKind::kBackward},
-      {"I", ActionKind::kBackwardInput},
-      {"W", ActionKind::kBackwardWeight}};
-  return kinds;
-}
-
-// Digits of a stage or micro-batch: more than this many cannot be in range of any schedule.
-constexpr size_t kMaxDigits = 9;
-
-// Reads the digits of `token` from `at` on; -1 if there are none or too many.
-int64_t number(const std::string& token, size_t& at) {
-  const size_t begin = at;
-  while (at < token.size() && std::isdigit(static_cast<unsigned char>(token[at]))) ++at;
-  if (at == begin || at - begin > kMaxDigits) return -1;
-  return std::stoll(token.substr(begin, at - begin));
-}
-
-// One action in compact notation, or c10::ValueError saying what the notation is.
-Action parse_action(const std::string& token, const std::string& where) {
-  size_t at = 0;
-  const int64_t stage = number(token, at);
-  std::optional<ActionKind> kind;
-  for (const auto& [letters, k] : notation()) {
-    if (stage >= 0 && token.compare(at, letters.size(), letters) == 0) {
-      kind = k;
-      at += letters.size();
-      break;
-    }
+// parse_action() of `token`, its errors prefixed with `where`.
+Action parse_action_at(const std::string& token, const std::string& where) {
+  try {
+    return parse_action(token);
+  } catch (const c10::ValueError& error) {
+    TORCH_CHECK_VALUE(false, where, detail::message_of(error));
   }
-  const int64_t microbatch = kind ? number(token, at) : -1;
-  if (stage >= 0 && kind && microbatch >= 0 && at == token.size()) {
-    return {*kind, microbatch, stage};
-  }
-  const bool fsdp =
-      token.find("UNSHARD") != std::string::npos || token.find("RESHARD") != std::string::npos;
-  TORCH_CHECK_VALUE(!fsdp, where, "'", token,
-                    "': UNSHARD and RESHARD (FSDP in torch.distributed.pipelining) are not "
-                    "actions of gpipe's schedules");
-  TORCH_CHECK_VALUE(false, where, "'", token,
-                    "' is not an action: expected <stage><kind><micro-batch> with kind F, B, I, W, "
-                    "SEND_F, RECV_F, SEND_B or RECV_B (e.g. 2F1: the forward of micro-batch 1 on "
-                    "stage 2)");
 }
 
 // The placement under which worker w runs every stage of `worker_of_stage` (stage -> worker), or
@@ -96,13 +51,6 @@ Placement infer_placement(const std::map<int64_t, int64_t>& worker_of_stage, int
 }
 
 }  // namespace
-
-std::string compact(const Action& action) {
-  for (const auto& [letters, kind] : notation()) {
-    if (kind == action.kind) return c10::str(action.stage, letters, action.microbatch);
-  }
-  return c10::str(action.stage, "?", action.microbatch);
-}
 
 Schedule parse_schedule(const std::string& text, const std::string& source) {
   std::vector<std::vector<Action>> actions;
@@ -130,7 +78,7 @@ Schedule parse_schedule(const std::string& text, const std::string& source) {
     }
     actions.emplace_back();
     lines.push_back(number_of_line);
-    while (words >> word) actions.back().push_back(parse_action(word, where));
+    while (words >> word) actions.back().push_back(parse_action_at(word, where));
   }
   TORCH_CHECK_VALUE(!actions.empty(), source, " holds no actions");
 

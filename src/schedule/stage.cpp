@@ -1,5 +1,7 @@
 #include "gpipe/schedule/stage.h"
 
+#include "schedule/split_backward.h"
+
 #include "gpipe/batchnorm.h"
 #include "gpipe/checkpoint.h"
 #include "gpipe/skip/tracker.h"
@@ -9,31 +11,37 @@
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
 namespace gpipe {
 namespace schedule {
+
+struct Stage::Pending {
+  Batch input;
+  Batch output;              // the scaled loss on the last stage
+  SkipTensors popped = {};   // leaves, like the input's
+  SkipTensors stashed = {};  // in the graph, like the output
+  // Set by backward_input(): where backward_weight() starts, and with which gradients.
+  bool input_done = false;
+  detail::WeightRoots weight = {};
+};
+
 namespace {
 
-// Runs `module` on `input` with a skip tracker of its own, holding `popped` under the keys of
-// `pops`; sets `stashed` to what the layers stashed under the keys of `stashes`. `what` names
-// the stage in errors.
-Batch call_with_skips(torch::nn::Sequential& module, const Batch& input,
-                      const std::vector<skip::SkipRoute>& pops, const SkipTensors& popped,
-                      const std::vector<skip::SkipRoute>& stashes, SkipTensors* stashed,
-                      const std::string& what) {
+// Runs a stage's `module` on `input` and the tensors of the skip lane: with a skip tracker of its
+// own, holding `popped` (what earlier stages stashed) under the keys of `pops`; sets `stashed` to
+// what the layers stashed under the keys of `stashes`, for later stages. `what` names the stage
+// in errors.
+Batch call_with_skip_lane(torch::nn::Sequential& module, const Batch& input,
+                          const std::vector<skip::SkipRoute>& pops, const SkipTensors& popped,
+                          const std::vector<skip::SkipRoute>& stashes, SkipTensors* stashed,
+                          const std::string& what) {
   auto tracker = std::make_shared<skip::SkipTracker>();
   for (const auto k : c10::irange(pops.size())) tracker->save(pops[k].key, popped[k]);
   Batch output = [&] {
@@ -68,7 +76,7 @@ Stage::Stage(int64_t index, int64_t num_stages, torch::nn::Sequential module, c1
       checkpoint_(checkpoint) {
   TORCH_CHECK_INDEX(index >= 0 && index < num_stages, "stage index ", index,
                     " is out of range for ", num_stages, " stages");
-  deferred_batch_norms_ = detail::deferred_batch_norms(*module_);
+  deferred_batch_norms_ = gpipe::deferred_batch_norms(*module_);
   if (skips == nullptr) return;
   TORCH_CHECK_VALUE(static_cast<int64_t>(skips->num_partitions()) == num_stages,
                     "the skip layout has ", skips->num_partitions(), " stages, but the pipeline ",
@@ -84,12 +92,14 @@ Stage::Stage(int64_t index, int64_t num_stages, torch::nn::Sequential module, c1
   });
 }
 
+Stage::~Stage() = default;
+
 void Stage::begin_step(int64_t num_microbatches, double loss_scale) {
   TORCH_CHECK_VALUE(num_microbatches > 0, "a step needs at least one micro-batch, but got ",
                     num_microbatches);
   num_microbatches_ = num_microbatches;
   loss_scale_ = loss_scale;
-  max_live_ = static_cast<int64_t>(pending_.size());
+  peak_live_ = static_cast<int64_t>(pending_.size());
   if (module_->is_training()) {
     for (const auto& deferred : deferred_batch_norms_) deferred->begin_minibatch(num_microbatches);
   }
@@ -136,8 +146,8 @@ Stage::Pending Stage::run(int64_t microbatch, const Batch& input, const SkipTens
   const bool last = microbatch == num_microbatches_ - 1;
   if (checkpoint_ == CheckpointMode::kNever ||
       (checkpoint_ == CheckpointMode::kExceptLast && last)) {
-    pending.output = call_with_skips(module_, pending.input, skip_pops_, pending.popped,
-                                     skip_stashes_, &pending.stashed, what);
+    pending.output = call_with_skip_lane(module_, pending.input, skip_pops_, pending.popped,
+                                         skip_stashes_, &pending.stashed, what);
     return pending;
   }
   // Skips cross the checkpoint as more inputs and outputs, so that their gradients flow through
@@ -154,13 +164,13 @@ Stage::Pending Stage::run(int64_t microbatch, const Batch& input, const SkipTens
         std::optional<trace::TraceSpan> span;
         if (is_recomputing()) span.emplace("recompute", stage, microbatch);
         SkipTensors stashed;
-        if (!skips) return call_with_skips(module, x, {}, {}, {}, &stashed, what);
+        if (!skips) return call_with_skip_lane(module, x, {}, {}, {}, &stashed, what);
         const auto& tensors = x.tensors();
         const auto split = tensors.begin() + static_cast<std::ptrdiff_t>(num_inputs);
         const Batch in = input_atomic ? Batch(tensors[0])
                                       : Batch(std::vector<at::Tensor>(tensors.begin(), split));
-        const Batch out = call_with_skips(module, in, pops, SkipTensors(split, tensors.end()),
-                                          stashes, &stashed, what);
+        const Batch out = call_with_skip_lane(module, in, pops, SkipTensors(split, tensors.end()),
+                                              stashes, &stashed, what);
         *output_atomic = out.atomic();
         std::vector<at::Tensor> result = out.tensors();
         result.insert(result.end(), stashed.begin(), stashed.end());
@@ -184,8 +194,8 @@ Stage::Pending Stage::run(int64_t microbatch, const Batch& input, const SkipTens
 void Stage::keep(int64_t microbatch, Pending pending) {
   TORCH_CHECK_VALUE(pending_.count(microbatch) == 0, "stage ", index_,
                     " already holds micro-batch ", microbatch);
-  pending_.emplace(microbatch, std::move(pending));
-  max_live_ = std::max(max_live_, static_cast<int64_t>(pending_.size()));
+  pending_.emplace(microbatch, std::make_unique<Pending>(std::move(pending)));
+  peak_live_ = std::max(peak_live_, static_cast<int64_t>(pending_.size()));
 }
 
 Batch Stage::forward(int64_t microbatch, const Batch& input, const SkipTensors& popped,
@@ -227,8 +237,8 @@ Batch Stage::forward_only(int64_t microbatch, const Batch& input, const SkipTens
   at::NoGradGuard no_grad;
   SkipTensors stashed_here;
   Batch output =
-      call_with_skips(module_, on_device(input), skip_pops_, on_device(Batch(popped)).tensors(),
-                      skip_stashes_, &stashed_here, "stage " + std::to_string(index_));
+      call_with_skip_lane(module_, on_device(input), skip_pops_, on_device(Batch(popped)).tensors(),
+                          skip_stashes_, &stashed_here, "stage " + std::to_string(index_));
   if (stashed != nullptr) *stashed = std::move(stashed_here);
   return output;
 }
@@ -237,7 +247,7 @@ Stage::Pending& Stage::find_pending(int64_t microbatch, const char* what) {
   auto it = pending_.find(microbatch);
   TORCH_CHECK_VALUE(it != pending_.end(), "stage ", index_, " has no forward of micro-batch ",
                     microbatch, " to ", what);
-  return it->second;
+  return *it->second;
 }
 
 void Stage::backward_roots(int64_t microbatch, const Pending& pending, const Batch& grad_output,
@@ -278,91 +288,29 @@ Batch Stage::backward(int64_t microbatch, const Batch& grad_output,
   TORCH_CHECK_VALUE(!found.input_done, "stage ", index_,
                     " already ran backward_input of micro-batch ", microbatch,
                     "; finish it with backward_weight");
-  Pending pending = std::move(found);
+  const std::unique_ptr<Pending> pending = std::move(pending_.at(microbatch));
   pending_.erase(microbatch);
 
   std::vector<at::Tensor> outputs;
   std::vector<at::Tensor> grads;
-  backward_roots(microbatch, pending, grad_output, stashed_grads, &outputs, &grads);
+  backward_roots(microbatch, *pending, grad_output, stashed_grads, &outputs, &grads);
   if (!outputs.empty()) torch::autograd::backward(outputs, grads);
   if (popped_grads != nullptr) {
     popped_grads->clear();
-    for (const auto& x : pending.popped) {
+    for (const auto& x : pending->popped) {
       popped_grads->push_back(x.defined() && x.requires_grad() ? x.grad() : at::Tensor());
     }
   }
   if (is_first()) return Batch(std::vector<at::Tensor>{});
 
   std::vector<at::Tensor> grad_input;
-  for (const auto& x : pending.input) {
+  for (const auto& x : pending->input) {
     grad_input.push_back(x.requires_grad() ? x.grad() : at::Tensor());
   }
-  Batch result = pending.input;
+  Batch result = pending->input;
   result.set_tensors(std::move(grad_input));
   return result;
 }
-
-namespace {
-
-using torch::autograd::Edge;
-using torch::autograd::Node;
-
-// Which of the graph's nodes lead to the stage input, and which to a parameter (any leaf other
-// than the input), found by one depth-first walk from the roots.
-struct Reach {
-  bool input = false;
-  bool weight = false;
-};
-
-std::unordered_map<Node*, Reach> reach_from(const torch::autograd::edge_list& roots,
-                                            const std::unordered_set<Node*>& input_nodes) {
-  std::unordered_map<Node*, Reach> reach;
-  std::vector<std::pair<Node*, size_t>> stack;  // (node, next child to visit)
-  for (const Edge& root : roots) {
-    if (!root.is_valid() || reach.count(root.function.get())) continue;
-    reach[root.function.get()];
-    stack.emplace_back(root.function.get(), 0);
-    while (!stack.empty()) {
-      Node* node = stack.back().first;
-      const size_t child = stack.back().second++;
-      if (child < node->num_outputs()) {
-        const Edge& next = node->next_edge(child);
-        if (next.is_valid() && !reach.count(next.function.get())) {
-          reach[next.function.get()];
-          stack.emplace_back(next.function.get(), 0);
-        }
-        continue;
-      }
-      stack.pop_back();
-      Reach& r = reach[node];
-      if (input_nodes.count(node)) {
-        r.input = true;
-      } else if (dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
-        r.weight = true;
-      }
-      for (const Edge& next : node->next_edges()) {
-        if (!next.is_valid()) continue;
-        const Reach& c = reach[next.function.get()];
-        r.input = r.input || c.input;
-        r.weight = r.weight || c.weight;
-      }
-    }
-  }
-  return reach;
-}
-
-// The gradients of `leaves`, one per tensor (undefined where none), from the captured gradients
-// of those that require grad, in order, starting at captured[*next].
-std::vector<at::Tensor> leaf_gradients(const std::vector<at::Tensor>& leaves,
-                                       const std::vector<at::Tensor>& captured, size_t* next) {
-  std::vector<at::Tensor> result;
-  for (const auto& x : leaves) {
-    result.push_back(x.defined() && x.requires_grad() ? captured[(*next)++] : at::Tensor());
-  }
-  return result;
-}
-
-}  // namespace
 
 Batch Stage::backward_input(int64_t microbatch, const Batch& grad_output,
                             const SkipTensors& stashed_grads, SkipTensors* popped_grads) {
@@ -374,105 +322,31 @@ Batch Stage::backward_input(int64_t microbatch, const Batch& grad_output,
   std::vector<at::Tensor> grads;
   backward_roots(microbatch, pending, grad_output, stashed_grads, &outputs, &grads);
   pending.input_done = true;
-  torch::autograd::edge_list roots;
-  for (const auto& y : outputs) roots.push_back(torch::autograd::impl::gradient_edge(y));
   if (is_first()) {
     // Nothing to send upstream: the whole backward is weight gradient.
-    pending.weight_roots = std::move(roots);
-    pending.weight_grads = std::move(grads);
+    detail::backward_input(outputs, grads, /*leaves=*/{}, &pending.weight);
     return Batch(std::vector<at::Tensor>{});
   }
-
   // The popped tensors' gradients go upstream like the input's.
   std::vector<at::Tensor> leaves = pending.input.tensors();
   leaves.insert(leaves.end(), pending.popped.begin(), pending.popped.end());
-  torch::autograd::edge_list input_edges;
-  std::unordered_set<Node*> input_nodes;
-  for (const auto& x : leaves) {
-    if (!x.defined() || !x.requires_grad()) continue;
-    input_edges.push_back(torch::autograd::impl::gradient_edge(x));
-    input_nodes.insert(input_edges.back().function.get());
-  }
-  const auto reach = reach_from(roots, input_nodes);
-  const auto weight_only = [&](const Edge& e) {
-    if (!e.is_valid()) return false;
-    const Reach& r = reach.at(e.function.get());
-    return r.weight && !r.input;
-  };
-
-  // Split points: nodes on the input's path with a child only on a parameter's path. A root off
-  // the input's path starts a weight pass of its own.
-  std::vector<std::shared_ptr<Node>> splits;
-  for (const auto& entry : reach) {
-    Node* node = entry.first;
-    if (!entry.second.input) continue;
-    const auto& next = node->next_edges();
-    if (std::none_of(next.begin(), next.end(), weight_only)) continue;
-    splits.push_back(node->shared_from_this());
-  }
-  // In the order they were recorded, latest first, so that runs are repeatable.
-  std::sort(splits.begin(), splits.end(),
-            [](const auto& a, const auto& b) { return a->sequence_nr() > b->sequence_nr(); });
-  torch::autograd::edge_list captures = input_edges;
-  for (const auto& node : splits) {
-    for (const auto k : c10::irange(node->num_inputs())) {
-      captures.emplace_back(node, static_cast<uint32_t>(k));
-    }
-  }
-  for (const auto k : c10::irange(roots.size())) {
-    if (!reach.at(roots[k].function.get()).input) {
-      pending.weight_roots.push_back(roots[k]);
-      pending.weight_grads.push_back(grads[k]);
-    }
-  }
-
-  std::vector<at::Tensor> captured;
-  if (!roots.empty() && !captures.empty()) {
-    captured = torch::autograd::Engine::get_default_engine().execute(
-        roots, grads, /*keep_graph=*/true, /*create_graph=*/false, /*accumulate_grad=*/false,
-        captures);
-  } else {
-    captured.resize(captures.size());
-  }
-  for (const auto k : c10::irange(input_edges.size(), captures.size())) {
-    if (!captured[k].defined()) continue;
-    pending.weight_roots.push_back(captures[k]);
-    pending.weight_grads.push_back(captured[k]);
-  }
-  // The input's path is done: free what only it needed, then cut it, so that backward_weight()
-  // from the split points runs only towards the parameters. Release before cutting: a cut drops
-  // the last owner of the nodes behind it, and `reach` holds raw pointers to them.
-  const std::unordered_set<Node*> kept = [&] {
-    std::unordered_set<Node*> nodes;
-    for (const auto& node : splits) nodes.insert(node.get());
-    return nodes;
-  }();
-  for (const auto& entry : reach) {
-    if (entry.second.input && !kept.count(entry.first)) entry.first->release_variables();
-  }
-  for (const auto& node : splits) {
-    for (auto& next : node->next_edges()) {
-      if (!weight_only(next)) next = Edge();
-    }
-  }
-  size_t next = 0;
+  std::vector<at::Tensor> leaf_grads =
+      detail::backward_input(outputs, grads, leaves, &pending.weight);
+  const auto split = leaf_grads.begin() + static_cast<std::ptrdiff_t>(pending.input.size());
   Batch grad_input = pending.input;
-  grad_input.set_tensors(leaf_gradients(pending.input.tensors(), captured, &next));
-  if (popped_grads != nullptr) *popped_grads = leaf_gradients(pending.popped, captured, &next);
+  grad_input.set_tensors(std::vector<at::Tensor>(leaf_grads.begin(), split));
+  if (popped_grads != nullptr) popped_grads->assign(split, leaf_grads.end());
   return grad_input;
 }
 
 void Stage::backward_weight(int64_t microbatch) {
-  Pending& found = find_pending(microbatch, "backward_weight");
+  const Pending& found = find_pending(microbatch, "backward_weight");
   TORCH_CHECK_VALUE(found.input_done, "stage ", index_,
                     " has not run backward_input of micro-batch ", microbatch,
                     " before backward_weight");
-  Pending pending = std::move(found);
+  const std::unique_ptr<Pending> pending = std::move(pending_.at(microbatch));
   pending_.erase(microbatch);
-  if (pending.weight_roots.empty()) return;
-  torch::autograd::Engine::get_default_engine().execute(
-      pending.weight_roots, pending.weight_grads, /*keep_graph=*/false, /*create_graph=*/false,
-      /*accumulate_grad=*/true);
+  detail::backward_weight(pending->weight);
 }
 
 void Stage::clear() { pending_.clear(); }

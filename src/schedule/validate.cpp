@@ -36,8 +36,8 @@ class Simulation {
         gradient_received_(S_ * M_, false),
         activation_sent_(S_ * M_, false),
         gradient_sent_(S_ * M_, false),
-        pending_(S_, 0),
-        max_pending_(S_, 0) {
+        live_(S_, 0),
+        peak_live_(S_, 0) {
     for (const auto& actions : schedule.actions) {
       for (const Action& a : actions) {
         split_ =
@@ -72,7 +72,7 @@ class Simulation {
   std::vector<bool> forwarded_, backwarded_, weighted_, activation_received_, gradient_received_,
       activation_sent_, gradient_sent_;
   // Per stage: micro-batches forwarded and not yet weighted, now and at most.
-  std::vector<int64_t> pending_, max_pending_;
+  std::vector<int64_t> live_, peak_live_;
   bool split_ = false;  // the schedule splits backwards
   std::map<std::pair<int64_t, int64_t>, std::deque<Message>> queues_;
 };
@@ -121,7 +121,7 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         "uses the activation of micro-batch ", i,
                         " before it arrives (no RecvActivation of it before)");
       forwarded_[k] = true;
-      if (!forward_only_) max_pending_[s] = std::max(max_pending_[s], ++pending_[s]);
+      if (!forward_only_) peak_live_[s] = std::max(peak_live_[s], ++live_[s]);
       return Step::kRan;
     case ActionKind::kBackward:
     case ActionKind::kBackwardInput:
@@ -135,7 +135,7 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
       backwarded_[k] = true;
       if (a.kind == ActionKind::kBackward) {
         weighted_[k] = true;
-        --pending_[s];
+        --live_[s];
       }
       return Step::kRan;
     case ActionKind::kBackwardWeight:
@@ -144,7 +144,7 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
       TORCH_CHECK_VALUE(backwarded_[k], where(w, pc),
                         "runs before the BackwardInput of micro-batch ", i, " on stage ", s);
       weighted_[k] = true;
-      --pending_[s];
+      --live_[s];
       return Step::kRan;
     case ActionKind::kSendActivation:
     case ActionKind::kSendGradient: {
@@ -210,7 +210,7 @@ Timeline Simulation::run() {
     }
     if (finished) {
       timeline.num_rounds = round + 1;
-      timeline.max_pending = max_pending_;
+      timeline.peak_live_microbatches = peak_live_;
       break;
     }
     if (!progressed) {

@@ -54,7 +54,7 @@ Profile profile(const torch::nn::Sequential& model, int64_t stages, schedule::Sc
     pipe.step(input, target);
     for (const auto s : c10::irange(stages)) {
       const double held = static_cast<double>(memory::cpu_peak_bytes(s) - before[s]) /
-                          static_cast<double>(std::max<int64_t>(1, pipe.max_live_microbatches(s)));
+                          static_cast<double>(std::max<int64_t>(1, pipe.peak_live_microbatches(s)));
       result.bytes_per_microbatch[s] = std::max(result.bytes_per_microbatch[s], held);
     }
   }

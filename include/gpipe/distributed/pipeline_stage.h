@@ -199,7 +199,7 @@ class PipelineStage {
   std::unique_ptr<ReplicaGroup> replicas_;                // with data_parallel > 1
   std::unique_ptr<RankParameters> parameters_;
   std::unique_ptr<C10dTransport> transport_;
-  std::unique_ptr<detail::ScheduleCache> schedules_;
+  std::unique_ptr<schedule::detail::ScheduleCache> schedules_;
   int64_t steps_ = 0;  // step() calls so far, to name steps in traces
   double last_communication_seconds_ = 0;
   double last_transfer_seconds_ = 0;

@@ -69,9 +69,23 @@ struct Action {
 bool operator==(const Action& a, const Action& b);
 bool operator!=(const Action& a, const Action& b);
 
-/// E.g. "Forward(microbatch=2, stage=1)".
+/// An action as messages name it, e.g. "Forward(microbatch=2, stage=1)".
 std::string to_string(const Action& action);
 std::ostream& operator<<(std::ostream& out, const Action& action);
+
+/// An action as text, in PyTorch's compact notation <stage><kind><micro-batch>
+/// (torch.distributed.pipelining), the one that schedules written as text use (schedule_file.h):
+///
+///   F  forward                 SEND_F  send the activation     RECV_F  receive the activation
+///   B  backward                SEND_B  send the gradient       RECV_B  receive the gradient
+///   I  backward, input half    W       backward, weight half
+///
+/// e.g. "2F1" for the forward of micro-batch 1 on stage 2. parse_action() reads it back.
+std::string compact(const Action& action);
+
+/// The action that `text` writes in compact notation: parse_action(compact(a)) == a. Throws
+/// c10::ValueError quoting `text` if it is not one (FSDP's UNSHARD and RESHARD named as such).
+Action parse_action(const std::string& text);
 
 /// A whole schedule: what each worker runs, in order, for one training step.
 ///
@@ -92,6 +106,9 @@ struct Schedule {
     return schedule::worker_of(placement, stage, num_workers);
   }
 };
+
+/// True if `schedule` splits its backwards into kBackwardInput and kBackwardWeight.
+bool splits_backward(const Schedule& schedule);
 
 }  // namespace schedule
 }  // namespace gpipe

@@ -54,9 +54,6 @@
 namespace gpipe {
 namespace schedule {
 
-/// True if `schedule` splits its backwards into kBackwardInput and kBackwardWeight.
-bool splits_backward(const Schedule& schedule);
-
 /// `computes`, a schedule of compute actions only, with each one's receives right before it and
 /// its sends right after, as every generator places them. Throws c10::ValueError for an action
 /// that is not a compute.

@@ -4,7 +4,8 @@
 #pragma once
 
 #include "gpipe/checkpoint.h"
-#include "gpipe/schedule/generators.h"
+#include "gpipe/schedule/action.h"
+#include "gpipe/schedule/schedule_kind.h"
 #include "gpipe/trace.h"
 
 #include <c10/util/Exception.h>
@@ -34,7 +35,7 @@ std::ostream& operator<<(std::ostream& out, LossReduction reduction);
 /// The options of both schedule engines. Every setter returns the engine's own options, so
 /// they chain with its other setters:
 ///   PipelineScheduleOptions(8).schedule(ScheduleKind::kZeroBubble).devices(devices)
-/// The engines check them with one rule (check_schedule_options, generators.h).
+/// The engines check them with one rule (check_schedule_options, schedule_kind.h).
 template <typename Options>
 class ScheduleOptions {
  public:

@@ -58,7 +58,7 @@ struct Prediction {
   /// The share of worker time not computing: 1 - sum(busy) / (workers * step_time).
   double bubble_fraction = 0;
   /// Per stage: the most micro-batches forwarded and not yet through their weight gradient,
-  /// whose graphs it holds (Stage::max_live_microbatches on a real step).
+  /// whose graphs it holds (Stage::peak_live_microbatches on a real step).
   std::vector<int64_t> peak_live_microbatches;
 };
 

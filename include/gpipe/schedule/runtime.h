@@ -48,7 +48,6 @@
 #include "gpipe/schedule/action.h"
 #include "gpipe/schedule/generators.h"
 #include "gpipe/schedule/options.h"
-#include "gpipe/schedule/run_actions.h"
 #include "gpipe/schedule/stage.h"
 #include "gpipe/schedule/transport.h"
 #include "gpipe/trace.h"
@@ -68,11 +67,15 @@
 
 namespace gpipe {
 namespace detail {
-class ScheduleCache;
-class TiedGradients;
+class TiedGradients;  // src/schedule/tied_gradients.h
 }  // namespace detail
 
 namespace schedule {
+namespace detail {
+class ScheduleCache;  // src/schedule/engine.h
+}  // namespace detail
+
+struct StepInputs;  // src/schedule/run_actions.h
 
 /// Options for PipelineSchedule: those of both engines (options.h), and its stages' devices.
 ///
@@ -158,7 +161,7 @@ class PipelineSchedule {
   /// The most micro-batches whose activations stage `index` held at once in the last step() (0
   /// after an evaluate(), which holds none).
   /// Throws c10::IndexError out of range.
-  int64_t max_live_microbatches(int64_t index) const;
+  int64_t peak_live_microbatches(int64_t index) const;
 
  private:
   // Runs every worker of `schedule` on its thread, under the calling thread's state; rethrows
@@ -170,8 +173,8 @@ class PipelineSchedule {
   Evaluation run_evaluation(const Batch& input, const Batch* target);
 
   std::vector<std::unique_ptr<Stage>> stages_;
-  std::vector<at::Tensor> parameters_;                     // each once, in the model's order
-  std::unique_ptr<detail::TiedGradients> tied_gradients_;  // where stages share parameters
+  std::vector<at::Tensor> parameters_;                            // each once, in the model's order
+  std::unique_ptr<gpipe::detail::TiedGradients> tied_gradients_;  // where stages share parameters
   LossFunction loss_;
   PipelineScheduleOptions options_;
   int64_t num_workers_;

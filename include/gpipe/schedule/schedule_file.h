@@ -2,14 +2,10 @@
 // torch.distributed.pipelining, read into a Schedule (action.h) that both engines run.
 //
 // The text holds one line per worker, in order: its actions, separated by spaces or commas, each
-// in PyTorch's compact notation <stage><kind><micro-batch>:
-//
-//   F  forward                 SEND_F  send the activation     RECV_F  receive the activation
-//   B  backward                SEND_B  send the gradient       RECV_B  receive the gradient
-//   I  backward, input half    W       backward, weight half
-//
-// so "2F1" is the forward of micro-batch 1 on stage 2. A line may start with "worker N:" (N its
-// position), '#' starts a comment, and blank lines are skipped. Example, 1F1B on 2 stages:
+// in PyTorch's compact notation <stage><kind><micro-batch> (action.h: compact, parse_action), so
+// "2F1" is the forward of micro-batch 1 on stage 2 and "1I0" the input half of the backward of
+// micro-batch 0 on stage 1. A line may start with "worker N:" (N its position), '#' starts a
+// comment, and blank lines are skipped. Example, 1F1B on 2 stages:
 //
 //   worker 0: 0F0 0F1 0B0 0F2 0B1 0B2
 //   worker 1: 1F0 1B0 1F1 1B1 1F2 1B2
@@ -43,9 +39,6 @@ Schedule read_schedule_file(const std::string& path);
 /// The text parse_schedule() reads back into `schedule`: compute actions only where its sends
 /// and receives are those with_communication() places, else every action.
 std::string write_schedule(const Schedule& schedule);
-
-/// An action in the compact notation, e.g. "2F1" for the forward of micro-batch 1 on stage 2.
-std::string compact(const Action& action);
 
 }  // namespace schedule
 }  // namespace gpipe

@@ -34,7 +34,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <torch/csrc/autograd/edge.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
@@ -66,6 +65,9 @@ class Stage {
   /// layout of the whole pipeline's skips, if any cross stages.
   Stage(int64_t index, int64_t num_stages, torch::nn::Sequential module, c10::Device device,
         CheckpointMode checkpoint, const skip::SkipLayout* skips = nullptr);
+  ~Stage();
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
 
   int64_t index() const { return index_; }
   bool is_first() const { return index_ == 0; }
@@ -126,7 +128,7 @@ class Stage {
   void clear();
 
   /// The most micro-batches whose graphs this stage held at once since begin_step().
-  int64_t max_live_microbatches() const { return max_live_; }
+  int64_t peak_live_microbatches() const { return peak_live_; }
 
   /// Starts a step of `num_microbatches` micro-batches: the last of them is the one
   /// CheckpointMode::kExceptLast spares (until the first call, none is), the live peak starts
@@ -136,16 +138,8 @@ class Stage {
   void begin_step(int64_t num_microbatches, double loss_scale = 1.0);
 
  private:
-  struct Pending {
-    Batch input;
-    Batch output;              // the scaled loss on the last stage
-    SkipTensors popped = {};   // leaves, like the input's
-    SkipTensors stashed = {};  // in the graph, like the output
-    // Set by backward_input(): where backward_weight() starts, and with which gradients.
-    bool input_done = false;
-    std::vector<torch::autograd::Edge> weight_roots = {};
-    std::vector<at::Tensor> weight_grads = {};
-  };
+  // A micro-batch between its forward and its backward: the ends of its graph (stage.cpp).
+  struct Pending;
 
   // The stage's outputs and stashed tensors that take a gradient, with their gradients (the
   // last stage: its loss).
@@ -172,8 +166,8 @@ class Stage {
   int64_t num_microbatches_ = -1;
   double loss_scale_ = 1.0;
   std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_batch_norms_;
-  std::map<int64_t, Pending> pending_;
-  int64_t max_live_ = 0;
+  std::map<int64_t, std::unique_ptr<Pending>> pending_;
+  int64_t peak_live_ = 0;
 };
 
 }  // namespace schedule

@@ -42,9 +42,10 @@ struct Timeline {
   std::vector<std::vector<int64_t>> rounds;
   /// The number of rounds in all.
   int64_t num_rounds = 0;
-  /// max_pending[s] is the most micro-batches stage s held at once: forwarded, with their weight
-  /// gradient (Backward or BackwardWeight) not computed yet. Their graphs are what a stage keeps.
-  std::vector<int64_t> max_pending;
+  /// peak_live_microbatches[s] is the most micro-batches stage s held at once: forwarded, with
+  /// their weight gradient (Backward or BackwardWeight) not computed yet. Their graphs are what a
+  /// stage keeps (Stage::peak_live_microbatches on a real step).
+  std::vector<int64_t> peak_live_microbatches;
 };
 
 /// Simulates `schedule`; throws c10::ValueError naming the worker, the position and the action

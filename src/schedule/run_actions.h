@@ -3,15 +3,15 @@
 // The loop shared by PipelineSchedule (one thread per worker, runtime.h) and
 // distributed::PipelineStage (one process per worker, distributed/pipeline_stage.h): forwards and
 // backwards call the Stage, sends and receives call the Transport (but between two stages of the
-// same worker, as at the turn of a V), and what one action produces waits in a map until the
-// action that uses it.
+// same worker, as at the turn of a V), and what one action produces waits in a Mailbox
+// (mailbox.h) until the action that uses it.
 //
 // Autocast: forwards (and the loss) run under the calling thread's settings, backwards with
 // autocast off, as PyTorch's recipe runs loss.backward() outside the autocast scope.
 //
-// Thread safety: runs on the calling thread; the stages it runs must not be used elsewhere
-// meanwhile. Each action is a trace span (trace.h) and tags its CPU allocations with its stage
-// (memory.h).
+// Internal to the engines. Thread safety: runs on the calling thread; the stages it runs must not
+// be used elsewhere meanwhile. Each action is a trace span (trace.h) and tags its CPU allocations
+// with its stage (memory.h).
 #pragma once
 
 #include "gpipe/microbatch.h"
