@@ -247,8 +247,6 @@ torch::nn::Sequential convert_deferred_batch_norm(torch::nn::Sequential module, 
   return convert(module, chunks);
 }
 
-namespace detail {
-
 std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_batch_norms(
     const torch::nn::Module& module) {
   std::vector<std::shared_ptr<DeferredBatchNormImpl>> found;
@@ -260,5 +258,4 @@ std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_batch_norms(
   return found;
 }
 
-}  // namespace detail
 }  // namespace gpipe

@@ -1,10 +1,10 @@
 #include "gpipe/pipe.h"
 
-#include "detail/pipeline.h"
+#include "detail/split.h"
 #include "detail/stream.h"
 #include "gpipe/batchnorm.h"
 #include "gpipe/skip/skippable.h"
-#include "split.h"
+#include "pipeline/pipeline.h"
 
 #include <c10/util/irange.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -96,7 +96,7 @@ GPipeImpl::GPipeImpl(torch::nn::Sequential module, GPipeOptions options)
   copy_streams_.resize(partitions_.size());
   skip_layout_ = std::make_shared<const skip::SkipLayout>(skip::inspect_skip_layout(partitions_));
   // Also those the user put in the Sequential without deferred_batch_norm(true).
-  deferred_batch_norms_ = detail::deferred_batch_norms(*this);
+  deferred_batch_norms_ = deferred_batch_norms(*this);
 }
 
 GPipeImpl::~GPipeImpl() = default;

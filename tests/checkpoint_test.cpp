@@ -2,6 +2,7 @@
 // guarantees.
 #include "test_util.h"
 
+#include "detail/checkpointing.h"
 #include "detail/dependency.h"
 #include "gpipe/checkpoint.h"
 

@@ -159,6 +159,66 @@ TEST(DocsConsistencyTest, ReadmeIsShort) {
   EXPECT_LE(std::count(readme.begin(), readme.end(), '\n'), 200);
 }
 
+// ---- docs/design.md: the layout ----
+
+// The files below `folder` of the source tree whose names end with one of `endings`, as paths
+// relative to the source tree.
+std::set<std::string> files_below(const std::string& folder,
+                                  const std::vector<std::string>& endings) {
+  std::set<std::string> found;
+  const fs::path root(GPIPE_SOURCE_DIR);
+  for (const auto& entry : fs::recursive_directory_iterator(root / folder)) {
+    const std::string name = entry.path().filename().string();
+    for (const auto& ending : endings) {
+      if (entry.is_regular_file() && name.size() > ending.size() &&
+          name.compare(name.size() - ending.size(), ending.size(), ending) == 0) {
+        found.insert(fs::relative(entry.path(), root).generic_string());
+      }
+    }
+  }
+  return found;
+}
+
+// Every `gpipe/....h` named between <!--public-headers--> and <!--/public-headers--> of
+// docs/design.md: what the installed package holds.
+TEST(DocsConsistencyTest, PublicHeadersAreTheListInDesign) {
+  const std::string text = read_file(fs::path(GPIPE_SOURCE_DIR) / "docs" / "design.md");
+  const size_t begin = text.find("<!--public-headers-->");
+  const size_t end = text.find("<!--/public-headers-->");
+  ASSERT_TRUE(begin != std::string::npos && end != std::string::npos && begin < end)
+      << "docs/design.md has no <!--public-headers--> list";
+  std::set<std::string> listed;
+  const std::string list = text.substr(begin, end - begin);
+  for (size_t at = list.find("`gpipe/"); at != std::string::npos; at = list.find("`gpipe/", at)) {
+    const size_t close = list.find('`', at + 1);
+    ASSERT_NE(close, std::string::npos);
+    listed.insert("include/" + list.substr(at + 1, close - at - 1));
+    at = close + 1;
+  }
+  EXPECT_EQ(listed, files_below("include", {".h"}));
+}
+
+// The rules of docs/design.md's layout: no source over 450 lines, and a header of the library's
+// internals included by its path from src/ ("detail/copy.h"), never by its bare name.
+TEST(DocsConsistencyTest, SourcesKeepTheLayoutRules) {
+  std::set<std::string> sources;
+  for (const char* folder : {"src", "include", "tools"}) {
+    const auto found = files_below(folder, {".h", ".cpp"});
+    sources.insert(found.begin(), found.end());
+  }
+  ASSERT_GT(sources.size(), 100u);
+  for (const auto& source : sources) {
+    const std::string text = read_file(fs::path(GPIPE_SOURCE_DIR) / source);
+    EXPECT_LE(std::count(text.begin(), text.end(), '\n'), 450) << source;
+    if (source.rfind("src/", 0) != 0) continue;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("#include \"", 0) != 0) continue;
+      EXPECT_NE(line.find('/'), std::string::npos) << source << ": " << line;
+    }
+  }
+}
+
 // ---- docs/errors.md ----
 
 struct Documented {

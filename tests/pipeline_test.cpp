@@ -3,9 +3,9 @@
 #include "test_util.h"
 
 #include "detail/device_thread.h"
-#include "detail/pipeline.h"
 #include "detail/stream.h"
 #include "gpipe/checkpoint.h"
+#include "pipeline/pipeline.h"
 
 #include <torch/torch.h>
 

@@ -5,6 +5,8 @@
 #include <gpipe/checkpoint.h>
 #include <gpipe/skip/tracker.h>
 
+#include "detail/checkpointing.h"
+
 #include <thread>
 
 namespace gpipe {

@@ -2,11 +2,11 @@
 // from every engine.
 #include "test_util.h"
 
+#include "detail/split.h"
 #include "distributed_model.h"
 #include "gpipe/distributed/pipeline_stage.h"
 #include "gpipe/pipe.h"
 #include "gpipe/schedule/runtime.h"
-#include "split.h"
 
 #include <cstdlib>
 #include <functional>

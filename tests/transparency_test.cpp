@@ -4,7 +4,7 @@
 #include "test_util.h"
 
 #include <gpipe/gpipe.h>
-#include "detail/pipeline.h"
+#include "pipeline/pipeline.h"
 
 #include <functional>
 

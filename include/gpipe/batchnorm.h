@@ -26,7 +26,9 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <memory>
 #include <ostream>
+#include <vector>
 
 namespace gpipe {
 
@@ -126,12 +128,8 @@ TORCH_MODULE(DeferredBatchNorm);
 ///   sequential = gpipe::convert_deferred_batch_norm(sequential, /*chunks=*/8);
 torch::nn::Sequential convert_deferred_batch_norm(torch::nn::Sequential module, int64_t chunks = 1);
 
-namespace detail {
-
-/// Every DeferredBatchNorm below `module` (not itself), e.g. for GPipe to call
-/// begin_minibatch() on before each training forward.
+/// Every DeferredBatchNorm below `module` (not itself): those the engines tell where each
+/// mini-batch begins (DeferredBatchNormImpl::begin_minibatch), as a loop of one's own would.
 std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_batch_norms(
     const torch::nn::Module& module);
-
-}  // namespace detail
 }  // namespace gpipe

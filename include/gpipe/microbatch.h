@@ -7,6 +7,7 @@
 // After sequential.h: LibTorch 1.13's any_value.h does not compile alone.
 #include <torch/nn/modules/container/any_value.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,9 @@ class Batch {
   std::vector<at::Tensor> values_;
   bool atomic_;
 };
+
+/// A function of one micro-batch, e.g. a partition's forward.
+using BatchFunction = std::function<Batch(const Batch&)>;
 
 /// Checks that `input` can be split into micro-batches: at least one tensor, each defined and at
 /// least 1-dimensional, all with the same size along dim 0. Throws c10::ValueError naming the

@@ -2,7 +2,7 @@
 // micro-batches, transparently to autograd.
 //
 // forward() splits the batch into `chunks` micro-batches, runs them through the partitions in
-// GPipe's clock-cycle schedule (src/detail/pipeline.h), with one device thread per accelerator (the
+// GPipe's clock-cycle schedule (src/pipeline/pipeline.h), with one device thread per accelerator (the
 // calling thread computes CPU partitions), and concatenates the outputs. backward() is autograd's
 // own: the same loss.backward() as for the plain Sequential, giving the same gradients, with
 // checkpointed micro-batches recomputed on the way.

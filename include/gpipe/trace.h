@@ -16,9 +16,16 @@
 // 0's reads at the same moment, to within the alignment's uncertainty. Each rank's trace file
 // then merges with the others' (`gpipe trace merge`) into one timeline, a process per rank.
 //
+// The events and what they tell (utilization, bubble) are in trace/event.h, the writers in
+// trace/chrome_trace.h and trace/svg_timeline.h; this header includes them.
+//
 // Thread safety: Tracer::record and Tracer::events may be called from any thread (a mutex guards
 // the events). UseTracer and TraceSpan act on the calling thread only.
 #pragma once
+
+#include "gpipe/trace/chrome_trace.h"
+#include "gpipe/trace/event.h"
+#include "gpipe/trace/svg_timeline.h"
 
 #include <atomic>
 #include <chrono>
@@ -35,21 +42,6 @@ struct RecordFunction;
 
 namespace gpipe {
 namespace trace {
-
-/// One task: `name` ("forward", "backward", "recompute", "send", "recv", ...) of `microbatch`
-/// on `stage`, run by `worker` during training step `step`, from `begin_us` to `end_us` on its
-/// tracer's clock. `rank` is the process that ran it: 0 unless its tracer joined the timeline
-/// of several ranks.
-struct Event {
-  std::string name;
-  int64_t worker = 0;
-  int64_t stage = 0;
-  int64_t microbatch = 0;
-  int64_t step = 0;
-  double begin_us = 0;
-  double end_us = 0;
-  int64_t rank = 0;
-};
 
 /// Collects events.
 class Tracer {
@@ -124,39 +116,6 @@ class TraceSpan {
   double begin_us_ = 0;
   std::unique_ptr<at::RecordFunction> profiled_;  // while a profiler listens
 };
-
-/// True for the events that compute: "forward" and the "backward..." kinds (a "recompute" runs
-/// inside a backward and is not counted twice).
-bool is_compute(const Event& event);
-
-/// Worker time during steps: `available` is the number of workers (of every rank) times the span
-/// of each step (first begin to last end), `busy` the compute time; both summed over steps, in
-/// microseconds. Utilizations of separate steps add up.
-struct Utilization {
-  double busy_us = 0;
-  double available_us = 0;
-
-  Utilization& operator+=(const Utilization& other);
-  /// 1 - busy / available; 0 when nothing was available.
-  double bubble_fraction() const;
-};
-
-Utilization utilization(const std::vector<Event>& events);
-
-/// The share of worker time spent idle during steps: utilization(events).bubble_fraction().
-double bubble_fraction(const std::vector<Event>& events);
-
-/// Writes `events` in the Chrome trace event format (chrome://tracing, ui.perfetto.dev): one
-/// complete ("X") event per task in process `rank`, thread `worker`, with stage, micro-batch and
-/// step as args; a thread-name metadata ("M") event per worker and, where the events come from
-/// several ranks (or another rank than 0), a process-name one per rank.
-void write_chrome_trace(const std::vector<Event>& events, std::ostream& out);
-
-/// Writes `events` as an SVG timeline: a row per worker (per rank, where they come from several
-/// ranks), a box per task, colored by kind and labeled with its micro-batch where it fits
-/// (stage:micro-batch where a worker runs several stages); recomputations are drawn over the
-/// backwards they run in, transfers over both.
-void write_svg_timeline(const std::vector<Event>& events, std::ostream& out);
 
 }  // namespace trace
 }  // namespace gpipe

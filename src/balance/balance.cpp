@@ -1,5 +1,7 @@
 #include "gpipe/balance/balance.h"
 
+#include "balance/check_partitions.h"
+
 namespace gpipe {
 namespace balance {
 

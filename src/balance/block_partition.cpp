@@ -1,5 +1,7 @@
 #include "gpipe/balance/block_partition.h"
 
+#include "balance/check_partitions.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -7,17 +9,6 @@
 
 namespace gpipe {
 namespace balance {
-namespace detail {
-
-void check_partitions(int64_t items, int64_t partitions) {
-  TORCH_CHECK_VALUE(partitions >= 1, "partitions must be a positive integer (", partitions,
-                    " < 1)");
-  TORCH_CHECK_VALUE(items >= partitions, "sequence is shorter than intended partitions (", items,
-                    " < ", partitions, ")");
-}
-
-}  // namespace detail
-
 namespace {
 
 // The fewest contiguous blocks of cost <= limit that cover `costs`. REQUIRES: limit >= max cost.

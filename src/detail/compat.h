@@ -1,10 +1,10 @@
 // What differs between the LibTorch versions gpipe builds with: 2.x (the `torch` wheel's, the main
 // build) and Debian's 1.13. Every version test of gpipe is here or uses GPIPE_LIBTORCH_2, but
-// for the public gpipe/distributed/backend.h, which defines no macro.
+// for the public gpipe/distributed/rendezvous.h (its Backend), which defines no macro.
 //
 // The differences gpipe meets:
 // - c10::Allocator::allocate is const in 1.13, not in 2.x (and 2.x adds copy_data);
-// - c10d process groups are split into a front and per-device backends in 2.x (backend.h).
+// - c10d process groups are split into a front and per-device backends in 2.x (rendezvous.h).
 #pragma once
 
 #include <torch/version.h>

@@ -1,6 +1,6 @@
-#include "split.h"
+#include "detail/split.h"
 
-#include "exact.h"
+#include "detail/exact.h"
 
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>

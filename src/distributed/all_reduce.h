@@ -5,7 +5,7 @@
 // Internal to the distributed engine.
 #pragma once
 
-#include "gpipe/distributed/backend.h"
+#include "gpipe/distributed/rendezvous.h"
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>

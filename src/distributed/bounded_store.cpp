@@ -1,4 +1,4 @@
-#include "bounded_store.h"
+#include "distributed/bounded_store.h"
 
 #include <algorithm>
 #include <condition_variable>

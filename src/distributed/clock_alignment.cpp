@@ -1,7 +1,7 @@
-#include "clock_alignment.h"
+#include "distributed/clock_alignment.h"
 
 #include "detail/message_of.h"
-#include "failure_monitor.h"
+#include "distributed/failure_monitor.h"
 
 #include <c10/util/Exception.h>
 

@@ -17,7 +17,7 @@
 // Internal to PipelineStage (pipeline_stage.cpp).
 #pragma once
 
-#include "bounded_store.h"
+#include "distributed/bounded_store.h"
 #include "gpipe/distributed/environment.h"
 
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "failure_monitor.h"
+#include "distributed/failure_monitor.h"
 
 #include "detail/message_of.h"
 

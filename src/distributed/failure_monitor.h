@@ -26,7 +26,7 @@
 // Internal to the c10d transport.
 #pragma once
 
-#include "bounded_store.h"
+#include "distributed/bounded_store.h"
 #include "gpipe/distributed/rendezvous.h"
 
 #include <atomic>

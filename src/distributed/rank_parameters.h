@@ -16,7 +16,6 @@
 // Thread safety: used by the rank's one worker thread.
 #pragma once
 
-#include "gpipe/distributed/backend.h"
 #include "gpipe/distributed/rendezvous.h"
 #include "schedule/pipeline_parameters.h"
 

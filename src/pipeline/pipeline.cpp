@@ -1,36 +1,16 @@
-#include "detail/pipeline.h"
+#include "pipeline/pipeline.h"
 
-#include "detail/backward_span.h"
 #include "detail/copy.h"
 #include "detail/dependency.h"
 #include "detail/stream.h"
-#include "gpipe/checkpoint.h"
+#include "pipeline/cell_task.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/core/DeviceGuard.h>
-#include <c10/util/irange.h>
 
-#include <algorithm>
-#include <deque>
+#include <utility>
 
 namespace gpipe {
-
-std::ostream& operator<<(std::ostream& out, const Cell& cell) {
-  return out << "(" << cell.microbatch << "," << cell.partition << ")";
-}
-
-std::vector<std::vector<Cell>> clock_cycles(size_t m, size_t n) {
-  std::vector<std::vector<Cell>> clocks;
-  if (m == 0 || n == 0) return clocks;
-  for (size_t k = 0; k < m + n - 1; ++k) {
-    std::vector<Cell> clock;
-    for (size_t j = k + 1 > m ? k + 1 - m : 0; j < std::min(k + 1, n); ++j)
-      clock.push_back({k - j, j});
-    clocks.push_back(std::move(clock));
-  }
-  return clocks;
-}
-
 namespace detail {
 namespace {
 
@@ -42,6 +22,18 @@ void depend(Batch& fork_from, Batch& join_to) {
 }
 
 bool both_cpu(const c10::Stream& a, const c10::Stream& b) { return is_cpu(a) && is_cpu(b); }
+
+// Runs the tasks in order on this thread. After a failure the rest would be thrown away: they
+// are skipped, each completing with that failure.
+std::deque<Completion> execute_in_order(std::vector<Task> tasks) {
+  std::deque<Completion> done;
+  for (auto& task : tasks) {
+    const bool failed = !done.empty() && done.back().error;
+    done.push_back(failed ? Completion{std::move(task), c10::nullopt, done.back().error}
+                          : execute(std::move(task)));
+  }
+  return done;
+}
 
 }  // namespace
 
@@ -96,60 +88,28 @@ void Pipeline::fence(const std::vector<Cell>& clock) {
 }
 
 void Pipeline::compute(const std::vector<Cell>& clock) {
-  const size_t n = partitions_.size();
   std::vector<Task> here;  // tasks of partitions without a device thread
   // The backward of each task of the clock, in clock order, when traced.
   std::vector<std::shared_ptr<BackwardSpan>> backward_spans;
   const bool trace_backward = tracer_ && at::GradMode::is_enabled();
 
-  for (const auto& [i, j] : clock) {
-    Batch& batch = batches_[i];
-    const auto& stream = compute_streams_[j];
-    // [1] Synchronize with the copied input.
-    if (j != 0 && !both_cpu(copy_streams_[j][i], stream)) {
-      batch.set_tensors(wait(batch.tensors(), copy_streams_[j][i], stream));
-    }
-
+  for (const auto& cell : clock) {
+    const auto [i, j] = cell;
+    wait_for_copy(cell);
     if (trace_backward) {
       backward_spans.push_back(std::make_shared<BackwardSpan>(tracer_, static_cast<int64_t>(j),
                                                               static_cast<int64_t>(i), step_));
-      backward_spans.back()->watch_input(batch);
+      backward_spans.back()->watch_input(batches_[i]);
     }
-
-    Task task;
-    task.stream = stream;
+    CellWork work;
+    work.partition = partitions_[j];
+    if (!skip_trackers_.empty()) work.skips = skip_trackers_[i];
+    work.tracer = tracer_;
+    work.step = step_;
+    work.checkpoint = i < checkpoint_stop_;
+    Task task = cell_task(cell, batches_[i], std::move(work));
+    task.stream = compute_streams_[j];
     task.caller = caller_;
-    // The recomputation runs in backward, which may come after the GPipe is gone: the
-    // function holds its partition (a Sequential's layers stay alive with it), not a reference.
-    torch::nn::Sequential partition = partitions_[j];
-    const std::string what = "partition " + std::to_string(j);
-    BatchFunction function;
-    if (skip_trackers_.empty()) {
-      function = [partition, what](const Batch& input) mutable {
-        return input.call(partition, what);
-      };
-    } else {
-      function = [partition, what, j, tracker = skip_trackers_[i]](const Batch& input) mutable {
-        return skip::detail::call_with_skips(input, partition, j, tracker, what);
-      };
-    }
-    // On whichever thread runs it (a device thread, the caller, or autograd's for a recomputation),
-    // partition j's computation of micro-batch i is a span on row j: in the tracer, if any, and
-    // for a profiler (trace.h).
-    function = [function = std::move(function), tracer = tracer_, i, j,
-                step = step_](const Batch& input) {
-      trace::UseTracer use_tracer(tracer.get(), static_cast<int64_t>(j), step);
-      trace::TraceSpan span(is_recomputing() ? "recompute" : "forward", static_cast<int64_t>(j),
-                            static_cast<int64_t>(i));
-      return function(input);
-    };
-    if (i < checkpoint_stop_) {
-      auto checkpointing = std::make_shared<Checkpointing>(std::move(function), batch);
-      task.compute = [checkpointing] { return checkpointing->checkpoint(); };
-      task.finalize = [checkpointing](Batch& output) { checkpointing->recompute(output); };
-    } else {
-      task.compute = [function = std::move(function), batch] { return function(batch); };
-    }
     // [2] Compute on the partition's device thread, in parallel with the other partitions; CPU
     // tasks wait until every device thread has its task.
     if (device_threads_[j] != nullptr) {
@@ -158,24 +118,29 @@ void Pipeline::compute(const std::vector<Cell>& clock) {
       here.push_back(std::move(task));
     }
   }
-  // CPU tasks, in clock order. After a failure the rest would be thrown away: skip them.
-  std::deque<Completion> done_here;
-  for (auto& task : here) {
-    const bool failed = !done_here.empty() && done_here.back().error;
-    done_here.push_back(failed ? Completion{std::move(task), c10::nullopt, done_here.back().error}
-                               : execute(std::move(task)));
-  }
+  collect(clock, execute_in_order(std::move(here)), backward_spans);
+}
 
+void Pipeline::wait_for_copy(const Cell& cell) {
+  const auto [i, j] = cell;
+  const auto& copied = copy_streams_[j][i];
+  if (j != 0 && !both_cpu(copied, compute_streams_[j])) {
+    batches_[i].set_tensors(wait(batches_[i].tensors(), copied, compute_streams_[j]));
+  }
+}
+
+void Pipeline::collect(const std::vector<Cell>& clock, std::deque<Completion> here,
+                       const std::vector<std::shared_ptr<BackwardSpan>>& backward_spans) {
+  const size_t n = partitions_.size();
   std::exception_ptr error;
-  size_t position = 0;  // in the clock
-  for (const auto& [i, j] : clock) {
-    const size_t k = position++;
+  for (size_t k = 0; k < clock.size(); ++k) {
+    const auto [i, j] = clock[k];
     Completion done;
     if (device_threads_[j] != nullptr) {
       done = device_threads_[j]->take();
     } else {
-      done = std::move(done_here.front());
-      done_here.pop_front();
+      done = std::move(here.front());
+      here.pop_front();
     }
     // Hold the first exception; drain the rest of the clock so no task is left running.
     if (error) continue;
@@ -196,7 +161,7 @@ void Pipeline::compute(const std::vector<Cell>& clock) {
       UseStream use_stream(stream);
       done.task.finalize(batch);
     }
-    if (trace_backward) backward_spans[k]->watch_output(batch);
+    if (!backward_spans.empty()) backward_spans[k]->watch_output(batch);
     batches_[i] = std::move(batch);
   }
   if (error) std::rethrow_exception(error);

@@ -35,40 +35,30 @@
 // this lane through portals (skip/portal.h): hidden after [2] of the stashing partition, copied at
 // the fence of the popping one, taken out before its [2].
 //
+// The parts: clock_cycles.h (which cells run at each clock), cell_task.h (what a cell computes),
+// this file (the driver: the fence, handing out the tasks, collecting their results).
+//
 // Thread safety: Pipeline::run is called by one thread, which owns the batches; tasks run on the
 // device threads given.
 #pragma once
 
+#include "detail/backward_span.h"
 #include "detail/device_thread.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/skip/layout.h"
 #include "gpipe/skip/tracker.h"
 #include "gpipe/trace.h"
+#include "pipeline/clock_cycles.h"
 
 #include <c10/core/Stream.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstddef>
-#include <ostream>
+#include <deque>
+#include <memory>
 #include <vector>
 
 namespace gpipe {
-
-/// One cell of the schedule: micro-batch `microbatch` on partition `partition`.
-struct Cell {
-  size_t microbatch;
-  size_t partition;
-  bool operator==(const Cell& other) const {
-    return microbatch == other.microbatch && partition == other.partition;
-  }
-};
-std::ostream& operator<<(std::ostream& out, const Cell& cell);
-
-/// GPipe's schedule for m micro-batches over n partitions: clock k runs the cells (k - j, j) for
-/// every partition j with 0 <= k - j < m, in order of j. There are m + n - 1 clocks.
-///
-///   clock_cycles(3, 3) = [(0,0)], [(1,0),(0,1)], [(2,0),(1,1),(0,2)], [(2,1),(1,2)], [(2,2)]
-std::vector<std::vector<Cell>> clock_cycles(size_t m, size_t n);
 
 namespace detail {
 
@@ -92,8 +82,16 @@ class Pipeline {
   void run();
 
  private:
+  // The clock's phases (see the file comment).
   void fence(const std::vector<Cell>& clock);
   void compute(const std::vector<Cell>& clock);
+  // [1]: the cell's input, once its copy has arrived, on the partition's compute stream.
+  void wait_for_copy(const Cell& cell);
+  // [3] and [4] for each cell's result, in clock order; rethrows the clock's first exception
+  // once every task of the clock is done. `here` holds the completions of the cells computed
+  // on this thread, in clock order.
+  void collect(const std::vector<Cell>& clock, std::deque<Completion> here,
+               const std::vector<std::shared_ptr<BackwardSpan>>& backward_spans);
 
   std::vector<Batch>& batches_;
   std::vector<torch::nn::Sequential>& partitions_;

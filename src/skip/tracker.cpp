@@ -113,19 +113,5 @@ void SkipTrackerThroughPortals::copy(Batch& batch, const c10::Stream& prev, cons
   batch[0] = gpipe::detail::join(tensor, portal->second->copy(prev, next, phony));
 }
 
-namespace detail {
-
-Batch call_with_skips(const Batch& input, torch::nn::Sequential& partition, size_t index,
-                      const std::shared_ptr<SkipTrackerThroughPortals>& tracker,
-                      const std::string& what) {
-  UseSkipTracker use(tracker);
-  Batch batch = input;
-  tracker->open(batch, index);
-  Batch output = batch.call(partition, what);
-  tracker->close(output, index);
-  return output;
-}
-
-}  // namespace detail
 }  // namespace skip
 }  // namespace gpipe

@@ -20,12 +20,5 @@ namespace balance {
 /// Example:
 ///   gpipe::balance::block_partition({1, 2, 3, 4, 5, 6}, 2);  // {4, 2}: blocks cost 10 and 11
 std::vector<int64_t> block_partition(const std::vector<int64_t>& costs, int64_t partitions);
-
-namespace detail {
-
-/// Throws c10::ValueError unless 0 < partitions <= items (the messages of block_partition).
-void check_partitions(int64_t items, int64_t partitions);
-
-}  // namespace detail
 }  // namespace balance
 }  // namespace gpipe

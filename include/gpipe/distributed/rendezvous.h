@@ -8,14 +8,24 @@
 // loopback address, and otherwise to the address this machine's hostname resolves to. CUDA tensors
 // travel over NCCL backends made on demand over the same store (new_nccl_backend).
 //
+// Backend: what a c10d process group's implementation (Gloo, NCCL) is called in this LibTorch.
+// LibTorch 2.x splits a process group into c10d::ProcessGroup (the front, dispatching by device)
+// and a c10d::Backend per device type (ProcessGroupGloo, ProcessGroupNCCL); in LibTorch 1.13 the
+// implementations are process groups themselves. gpipe talks to the implementations directly,
+// as c10d::Backend in 2.x and c10d::ProcessGroup in 1.13: send, recv and Work are alike in both.
+//
 // Thread safety: the store is safe to use from several threads (TCPStore serializes its calls);
 // the process group's calls are issued by one thread at a time (the pipeline's worker).
 #pragma once
 
-#include "gpipe/distributed/backend.h"
 #include "gpipe/distributed/environment.h"
 
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -26,6 +36,13 @@
 
 namespace gpipe {
 namespace distributed {
+
+/// A process group's implementation (see the file comment).
+#if TORCH_VERSION_MAJOR >= 2
+using Backend = c10d::Backend;
+#else
+using Backend = c10d::ProcessGroup;
+#endif
 
 /// The connected processes of one job.
 struct ProcessGroup {

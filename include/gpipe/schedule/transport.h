@@ -33,7 +33,7 @@ enum class Lane { kPipeline, kSkip };
 /// Moves Batches between stages.
 class Transport {
  public:
-  virtual ~Transport() = default;
+  virtual ~Transport();
 
   /// Sends `batch` from `from_stage` to `to_stage` as message `tag` on `lane`. May return before
   /// the receiver has it; may wait while the edge's pipeline lane is full. Throws c10::Error once

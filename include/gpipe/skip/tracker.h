@@ -116,14 +116,5 @@ class SkipTrackerThroughPortals : public SkipTracker {
   std::set<SkipKey> loaded_;
 };
 
-namespace detail {
-
-/// Runs `partition` (number `index`) on `input` with `tracker` current, between its open() and
-/// close(). `what` names the partition in errors.
-Batch call_with_skips(const Batch& input, torch::nn::Sequential& partition, size_t index,
-                      const std::shared_ptr<SkipTrackerThroughPortals>& tracker,
-                      const std::string& what);
-
-}  // namespace detail
 }  // namespace skip
 }  // namespace gpipe

@@ -1,0 +1,19 @@
+// The Chrome trace writer: a timeline as JSON for chrome://tracing and ui.perfetto.dev.
+#pragma once
+
+#include "gpipe/trace/event.h"
+
+#include <ostream>
+#include <vector>
+
+namespace gpipe {
+namespace trace {
+
+/// Writes `events` in the Chrome trace event format (chrome://tracing, ui.perfetto.dev): one
+/// complete ("X") event per task in process `rank`, thread `worker`, with stage, micro-batch and
+/// step as args; a thread-name metadata ("M") event per worker and, where the events come from
+/// several ranks (or another rank than 0), a process-name one per rank.
+void write_chrome_trace(const std::vector<Event>& events, std::ostream& out);
+
+}  // namespace trace
+}  // namespace gpipe
