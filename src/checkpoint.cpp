@@ -1,6 +1,7 @@
 #include "gpipe/checkpoint.h"
 
 #include "detail/checkpointing.h"
+#include "detail/enum_names.h"
 
 #include <c10/util/Exception.h>
 
@@ -8,24 +9,24 @@
 
 namespace gpipe {
 
+namespace {
+
+constexpr detail::EnumName<CheckpointMode> kCheckpointModes[] = {
+    {CheckpointMode::kAlways, "always"},
+    {CheckpointMode::kExceptLast, "except_last"},
+    {CheckpointMode::kNever, "never"}};
+
+}  // namespace
+
 CheckpointMode parse_checkpoint_mode(const std::string& name) {
-  if (name == "always") return CheckpointMode::kAlways;
-  if (name == "except_last") return CheckpointMode::kExceptLast;
-  if (name == "never") return CheckpointMode::kNever;
-  TORCH_CHECK_VALUE(false, "checkpoint is not one of 'always', 'except_last', or 'never' (got '",
+  const auto mode = detail::value_named(name, kCheckpointModes);
+  TORCH_CHECK_VALUE(mode, "checkpoint is not one of 'always', 'except_last', or 'never' (got '",
                     name, "')");
+  return *mode;
 }
 
 std::ostream& operator<<(std::ostream& out, CheckpointMode mode) {
-  switch (mode) {
-    case CheckpointMode::kAlways:
-      return out << "always";
-    case CheckpointMode::kExceptLast:
-      return out << "except_last";
-    case CheckpointMode::kNever:
-      return out << "never";
-  }
-  return out << "CheckpointMode(" << static_cast<int>(mode) << ")";
+  return detail::print_name(out, mode, kCheckpointModes, "CheckpointMode");
 }
 
 bool is_checkpointing() { return detail::EnableCheckpointing::active(); }

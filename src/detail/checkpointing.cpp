@@ -24,12 +24,10 @@ thread_local bool recomputing = false;
 
 }  // namespace
 
-EnableCheckpointing::EnableCheckpointing() : previous_(std::exchange(checkpointing, true)) {}
-EnableCheckpointing::~EnableCheckpointing() { checkpointing = previous_; }
+EnableCheckpointing::EnableCheckpointing() : FlagScope(checkpointing) {}
 bool EnableCheckpointing::active() { return checkpointing; }
 
-EnableRecomputing::EnableRecomputing() : previous_(std::exchange(recomputing, true)) {}
-EnableRecomputing::~EnableRecomputing() { recomputing = previous_; }
+EnableRecomputing::EnableRecomputing() : FlagScope(recomputing) {}
 bool EnableRecomputing::active() { return recomputing; }
 
 namespace {

@@ -18,35 +18,34 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <utility>
+
 namespace gpipe {
 namespace detail {
 
-/// Makes is_checkpointing() true on the calling thread for a scope.
-class EnableCheckpointing {
+/// Sets a thread-local flag for a scope, and restores it after.
+class FlagScope {
  public:
-  EnableCheckpointing();
-  ~EnableCheckpointing();
-  /// Whether a scope is open on the calling thread: is_checkpointing().
-  static bool active();
-  EnableCheckpointing(const EnableCheckpointing&) = delete;
-  EnableCheckpointing& operator=(const EnableCheckpointing&) = delete;
+  explicit FlagScope(bool& flag) : flag_(flag), previous_(std::exchange(flag, true)) {}
+  ~FlagScope() { flag_ = previous_; }
+  FlagScope(const FlagScope&) = delete;
+  FlagScope& operator=(const FlagScope&) = delete;
 
  private:
+  bool& flag_;
   bool previous_;
 };
 
-/// Makes is_recomputing() true on the calling thread for a scope.
-class EnableRecomputing {
- public:
-  EnableRecomputing();
-  ~EnableRecomputing();
-  /// Whether a scope is open on the calling thread: is_recomputing().
+/// Makes is_checkpointing() true on the calling thread for a scope; active() is that flag.
+struct EnableCheckpointing : FlagScope {
+  EnableCheckpointing();
   static bool active();
-  EnableRecomputing(const EnableRecomputing&) = delete;
-  EnableRecomputing& operator=(const EnableRecomputing&) = delete;
+};
 
- private:
-  bool previous_;
+/// Makes is_recomputing() true on the calling thread for a scope; active() is that flag.
+struct EnableRecomputing : FlagScope {
+  EnableRecomputing();
+  static bool active();
 };
 
 /// The state shared by the Checkpoint and Recompute nodes of one micro-batch.

@@ -1,11 +1,14 @@
 #include "gpipe/schedule/action.h"
 
+#include "detail/enum_names.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
 #include <cctype>
 #include <optional>
 #include <sstream>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -13,19 +16,30 @@ namespace gpipe {
 namespace schedule {
 namespace {
 
-// Each kind's letters in the compact notation; the longer ones first, so that "SEND_F" is not
-// read as a stage followed by "S".
-const std::vector<std::pair<std::string, ActionKind>>& notation() {
-  static const std::vector<std::pair<std::string, ActionKind>> kinds{
-      {"SEND_F", ActionKind::kSendActivation},
-      {"RECV_F", ActionKind::kRecvActivation},
-      {"SEND_B", ActionKind::kSendGradient},
-      {"RECV_B", ActionKind::kRecvGradient},
-      {"F", ActionKind::kForward},
-      {"B", ActionKind::kBackward},
-      {"I", ActionKind::kBackwardInput},
-      {"W", ActionKind::kBackwardWeight}};
-  return kinds;
+// Each kind's names: as printed, its letters in the compact notation (PyTorch's; no kind's
+// letters begin another's, so a text reads one way) and its task's name in traces.
+struct KindNames {
+  ActionKind kind;
+  const char* name;
+  std::string_view letters;
+  const char* trace_name;
+};
+constexpr KindNames kKindNames[] = {
+    {ActionKind::kForward, "Forward", "F", "forward"},
+    {ActionKind::kBackward, "Backward", "B", "backward"},
+    {ActionKind::kBackwardInput, "BackwardInput", "I", "backward_input"},
+    {ActionKind::kBackwardWeight, "BackwardWeight", "W", "backward_weight"},
+    {ActionKind::kSendActivation, "SendActivation", "SEND_F", "send_activation"},
+    {ActionKind::kRecvActivation, "RecvActivation", "RECV_F", "recv_activation"},
+    {ActionKind::kSendGradient, "SendGradient", "SEND_B", "send_gradient"},
+    {ActionKind::kRecvGradient, "RecvGradient", "RECV_B", "recv_gradient"}};
+
+// `kind`'s row, or nullptr for a value out of range.
+const KindNames* names_of(ActionKind kind) {
+  for (const auto& row : kKindNames) {
+    if (row.kind == kind) return &row;
+  }
+  return nullptr;
 }
 
 // Digits of a stage or micro-batch: more than this many cannot be in range of any schedule.
@@ -42,35 +56,19 @@ int64_t number(const std::string& text, size_t& at) {
 }  // namespace
 
 std::ostream& operator<<(std::ostream& out, ActionKind kind) {
-  switch (kind) {
-    case ActionKind::kForward:
-      return out << "Forward";
-    case ActionKind::kBackward:
-      return out << "Backward";
-    case ActionKind::kBackwardInput:
-      return out << "BackwardInput";
-    case ActionKind::kBackwardWeight:
-      return out << "BackwardWeight";
-    case ActionKind::kSendActivation:
-      return out << "SendActivation";
-    case ActionKind::kRecvActivation:
-      return out << "RecvActivation";
-    case ActionKind::kSendGradient:
-      return out << "SendGradient";
-    case ActionKind::kRecvGradient:
-      return out << "RecvGradient";
-  }
+  if (const KindNames* names = names_of(kind)) return out << names->name;
   return out << "ActionKind(" << static_cast<int>(kind) << ")";
 }
 
+const char* trace_name(ActionKind kind) {
+  const KindNames* names = names_of(kind);
+  return names != nullptr ? names->trace_name : "action";
+}
+
 std::ostream& operator<<(std::ostream& out, Placement placement) {
-  switch (placement) {
-    case Placement::kLooped:
-      return out << "looped";
-    case Placement::kV:
-      return out << "V";
-  }
-  return out << "Placement(" << static_cast<int>(placement) << ")";
+  static constexpr gpipe::detail::EnumName<Placement> kNames[] = {{Placement::kLooped, "looped"},
+                                                                  {Placement::kV, "V"}};
+  return gpipe::detail::print_name(out, placement, kNames, "Placement");
 }
 
 int64_t worker_of(Placement placement, int64_t stage, int64_t num_workers) {
@@ -110,20 +108,18 @@ std::ostream& operator<<(std::ostream& out, const Action& action) {
 }
 
 std::string compact(const Action& action) {
-  for (const auto& [letters, kind] : notation()) {
-    if (kind == action.kind) return c10::str(action.stage, letters, action.microbatch);
-  }
-  return c10::str(action.stage, "?", action.microbatch);
+  const KindNames* names = names_of(action.kind);
+  return c10::str(action.stage, names != nullptr ? names->letters : "?", action.microbatch);
 }
 
 Action parse_action(const std::string& text) {
   size_t at = 0;
   const int64_t stage = number(text, at);
   std::optional<ActionKind> kind;
-  for (const auto& [letters, k] : notation()) {
-    if (stage >= 0 && text.compare(at, letters.size(), letters) == 0) {
-      kind = k;
-      at += letters.size();
+  for (const auto& row : kKindNames) {
+    if (stage >= 0 && text.compare(at, row.letters.size(), row.letters) == 0) {
+      kind = row.kind;
+      at += row.letters.size();
       break;
     }
   }

@@ -50,48 +50,46 @@ int64_t interleaved_warmup(int64_t W, int64_t v, int64_t w) {
   return (W - w - 1) * 2 + (v - 1) * W + 1;
 }
 
+// The schedule of one stage per worker in which stage s computes what `order(s, list)` appends
+// to its (empty) list, with the sends and receives that connect them.
+template <typename Order>
+Schedule one_stage_per_worker(int64_t num_stages, int64_t num_microbatches, Order order) {
+  detail::check_size(num_stages, num_microbatches);
+  std::vector<std::vector<Action>> computes(num_stages);
+  for (const auto s : c10::irange(num_stages)) order(s, computes[s]);
+  return with_communication(
+      Schedule{num_stages, num_stages, num_microbatches, Placement::kLooped, computes});
+}
+
 }  // namespace
 
 Schedule gpipe_schedule(int64_t num_stages, int64_t num_microbatches) {
-  detail::check_size(num_stages, num_microbatches);
-  std::vector<std::vector<Action>> computes(num_stages);
-  for (const auto s : c10::irange(num_stages)) {
+  return one_stage_per_worker(num_stages, num_microbatches, [&](int64_t s, auto& list) {
+    for (const auto i : c10::irange(num_microbatches)) list.push_back({ActionKind::kForward, i, s});
     for (const auto i : c10::irange(num_microbatches)) {
-      computes[s].push_back({ActionKind::kForward, i, s});
+      list.push_back({ActionKind::kBackward, i, s});
     }
-    for (const auto i : c10::irange(num_microbatches)) {
-      computes[s].push_back({ActionKind::kBackward, i, s});
-    }
-  }
-  return with_communication(
-      Schedule{num_stages, num_stages, num_microbatches, Placement::kLooped, computes});
+  });
 }
 
 Schedule one_f_one_b_schedule(int64_t num_stages, int64_t num_microbatches) {
-  detail::check_size(num_stages, num_microbatches);
-  std::vector<std::vector<Action>> computes(num_stages);
-  for (const auto s : c10::irange(num_stages)) {
+  return one_stage_per_worker(num_stages, num_microbatches, [&](int64_t s, auto& list) {
     const int64_t warmup = std::min(num_stages - 1 - s, num_microbatches);
     int64_t forward = 0;
     int64_t backward = 0;
-    for (; forward < warmup; ++forward) computes[s].push_back({ActionKind::kForward, forward, s});
+    for (; forward < warmup; ++forward) list.push_back({ActionKind::kForward, forward, s});
     for (; forward < num_microbatches; ++forward, ++backward) {
-      computes[s].push_back({ActionKind::kForward, forward, s});
-      computes[s].push_back({ActionKind::kBackward, backward, s});
+      list.push_back({ActionKind::kForward, forward, s});
+      list.push_back({ActionKind::kBackward, backward, s});
     }
     for (; backward < num_microbatches; ++backward) {
-      computes[s].push_back({ActionKind::kBackward, backward, s});
+      list.push_back({ActionKind::kBackward, backward, s});
     }
-  }
-  return with_communication(
-      Schedule{num_stages, num_stages, num_microbatches, Placement::kLooped, computes});
+  });
 }
 
 Schedule zb1p_schedule(int64_t num_stages, int64_t num_microbatches) {
-  detail::check_size(num_stages, num_microbatches);
-  std::vector<std::vector<Action>> computes(num_stages);
-  for (const auto s : c10::irange(num_stages)) {
-    auto& list = computes[s];
+  return one_stage_per_worker(num_stages, num_microbatches, [&](int64_t s, auto& list) {
     const int64_t warmup = std::min(num_stages - 1 - s, num_microbatches);
     // Stage s gets its last gradient S - 1 - s steps after the last stage; deferring s weight
     // passes fills that wait, so every stage ends at about the same time.
@@ -109,9 +107,7 @@ Schedule zb1p_schedule(int64_t num_stages, int64_t num_microbatches) {
     }
     while (backward < num_microbatches) backward_then_weight();
     while (weight < num_microbatches) list.push_back({ActionKind::kBackwardWeight, weight++, s});
-  }
-  return with_communication(
-      Schedule{num_stages, num_stages, num_microbatches, Placement::kLooped, computes});
+  });
 }
 
 Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_per_worker,
@@ -200,9 +196,7 @@ Schedule interleaved_zb1p_schedule(int64_t num_workers, int64_t stages_per_worke
 Schedule looped_bfs_schedule(int64_t num_workers, int64_t stages_per_worker,
                              int64_t num_microbatches) {
   detail::check_stages(num_workers, stages_per_worker, num_microbatches);
-  const int64_t W = num_workers;
-  const int64_t v = stages_per_worker;
-  const int64_t M = num_microbatches;
+  const int64_t W = num_workers, v = stages_per_worker, M = num_microbatches;
   std::vector<std::vector<Action>> computes(W);
   for (const auto w : c10::irange(W)) {
     for (const auto c : c10::irange(v)) {

@@ -13,32 +13,6 @@
 
 namespace gpipe {
 namespace schedule {
-namespace {
-
-// The name of an action's task in traces.
-const char* trace_name(ActionKind kind) {
-  switch (kind) {
-    case ActionKind::kForward:
-      return "forward";
-    case ActionKind::kBackward:
-      return "backward";
-    case ActionKind::kBackwardInput:
-      return "backward_input";
-    case ActionKind::kBackwardWeight:
-      return "backward_weight";
-    case ActionKind::kSendActivation:
-      return "send_activation";
-    case ActionKind::kRecvActivation:
-      return "recv_activation";
-    case ActionKind::kSendGradient:
-      return "send_gradient";
-    case ActionKind::kRecvGradient:
-      return "recv_gradient";
-  }
-  return "action";
-}
-
-}  // namespace
 
 void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& stages,
                  Transport& transport, const StepInputs& step, std::vector<at::Tensor>& losses) {

@@ -1,56 +1,47 @@
 #include "gpipe/schedule/schedule_kind.h"
 
+#include "detail/enum_names.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
 namespace gpipe {
 namespace schedule {
+namespace {
+
+// Every kind with its name, in the order of ScheduleKind.
+constexpr gpipe::detail::EnumName<ScheduleKind> kScheduleKinds[] = {
+    {ScheduleKind::kGPipe, "gpipe"},
+    {ScheduleKind::kOneFOneB, "1f1b"},
+    {ScheduleKind::kInterleavedOneFOneB, "interleaved_1f1b"},
+    {ScheduleKind::kZeroBubble, "zb1p"},
+    {ScheduleKind::kZeroBubbleV, "zbv"},
+    {ScheduleKind::kInterleavedZeroBubble, "interleaved_zb1p"},
+    {ScheduleKind::kLoopedBFS, "looped_bfs"},
+    {ScheduleKind::kDualPipeV, "dualpipev"}};
+
+}  // namespace
 
 std::ostream& operator<<(std::ostream& out, ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::kGPipe:
-      return out << "gpipe";
-    case ScheduleKind::kOneFOneB:
-      return out << "1f1b";
-    case ScheduleKind::kInterleavedOneFOneB:
-      return out << "interleaved_1f1b";
-    case ScheduleKind::kZeroBubble:
-      return out << "zb1p";
-    case ScheduleKind::kZeroBubbleV:
-      return out << "zbv";
-    case ScheduleKind::kInterleavedZeroBubble:
-      return out << "interleaved_zb1p";
-    case ScheduleKind::kLoopedBFS:
-      return out << "looped_bfs";
-    case ScheduleKind::kDualPipeV:
-      return out << "dualpipev";
-  }
-  return out << "ScheduleKind(" << static_cast<int>(kind) << ")";
+  return gpipe::detail::print_name(out, kind, kScheduleKinds, "ScheduleKind");
 }
 
 ScheduleKind parse_schedule_kind(const std::string& name) {
-  if (name == "gpipe") return ScheduleKind::kGPipe;
-  if (name == "1f1b") return ScheduleKind::kOneFOneB;
-  if (name == "interleaved_1f1b") return ScheduleKind::kInterleavedOneFOneB;
-  if (name == "zb1p") return ScheduleKind::kZeroBubble;
-  if (name == "zbv") return ScheduleKind::kZeroBubbleV;
-  if (name == "interleaved_zb1p") return ScheduleKind::kInterleavedZeroBubble;
-  if (name == "looped_bfs") return ScheduleKind::kLoopedBFS;
-  if (name == "dualpipev") return ScheduleKind::kDualPipeV;
-  TORCH_CHECK_VALUE(false, "unknown schedule kind '", name, "' (expected ",
+  const auto kind = gpipe::detail::value_named(name, kScheduleKinds);
+  TORCH_CHECK_VALUE(kind, "unknown schedule kind '", name, "' (expected ",
                     c10::Join(", ", schedule_names()), ")");
+  return *kind;
 }
 
 std::vector<ScheduleKind> all_schedule_kinds() {
-  return {
-      ScheduleKind::kGPipe,      ScheduleKind::kOneFOneB,    ScheduleKind::kInterleavedOneFOneB,
-      ScheduleKind::kZeroBubble, ScheduleKind::kZeroBubbleV, ScheduleKind::kInterleavedZeroBubble,
-      ScheduleKind::kLoopedBFS,  ScheduleKind::kDualPipeV};
+  std::vector<ScheduleKind> kinds;
+  for (const auto& row : kScheduleKinds) kinds.push_back(row.value);
+  return kinds;
 }
 
 std::vector<std::string> schedule_names() {
   std::vector<std::string> names;
-  for (const auto kind : all_schedule_kinds()) names.push_back(c10::str(kind));
+  for (const auto& row : kScheduleKinds) names.emplace_back(row.name);
   return names;
 }
 

@@ -68,13 +68,37 @@ Options scheduled(Options options, const TrainConfig& c,
   return options;
 }
 
+// What either engine (PipelineSchedule, PipelineStage) answers alike; `engine()` is the one.
+template <typename Engine>
+class EnginePipeline : public TrainPipeline {
+ public:
+  // A traced pipeline with the loss scaler of `c`.
+  explicit EnginePipeline(const TrainConfig& c)
+      : TrainPipeline(std::make_shared<trace::Tracer>(), grad_scaler_for(c)) {}
+
+  at::Tensor step(const at::Tensor& input, const at::Tensor& target) override {
+    return engine().step(input, target);
+  }
+  at::Tensor evaluate(const at::Tensor& input, const at::Tensor& target) override {
+    return engine().evaluate(input, target).loss;
+  }
+  double clip_grad_norm(double max_norm) override { return engine().clip_grad_norm(max_norm); }
+  schedule::Schedule schedule(int64_t num_microbatches) override {
+    return engine().schedule(num_microbatches);
+  }
+  std::vector<at::Tensor> parameters() override { return engine().parameters(); }
+
+ protected:
+  virtual Engine& engine() = 0;
+};
+
 // ---- threads ----
 
-class ThreadPipeline final : public TrainPipeline {
+class ThreadPipeline final : public EnginePipeline<schedule::PipelineSchedule> {
  public:
   ThreadPipeline(const TrainConfig& c, const torch::nn::Sequential& model,
                  const std::vector<int64_t>& balance)
-      : TrainPipeline(std::make_shared<trace::Tracer>(), grad_scaler_for(c)),
+      : EnginePipeline(c),
         model_(model),
         devices_(c.devices.empty() ? std::vector<c10::Device>(c.stages, c10::kCPU) : c.devices),
         num_workers_(c.stages / c.virtual_stages),
@@ -85,17 +109,6 @@ class ThreadPipeline final : public TrainPipeline {
     reset_peaks(devices_);
   }
 
-  at::Tensor step(const at::Tensor& input, const at::Tensor& target) override {
-    return pipeline_.step(input, target);
-  }
-  at::Tensor evaluate(const at::Tensor& input, const at::Tensor& target) override {
-    return pipeline_.evaluate(input, target).loss;
-  }
-  double clip_grad_norm(double max_norm) override { return pipeline_.clip_grad_norm(max_norm); }
-  schedule::Schedule schedule(int64_t num_microbatches) override {
-    return pipeline_.schedule(num_microbatches);
-  }
-  std::vector<at::Tensor> parameters() override { return pipeline_.parameters(); }
   bool reports() const override { return true; }
   std::string workers() const override {
     return std::to_string(num_workers_) + " worker thread" + (num_workers_ == 1 ? "" : "s");
@@ -122,6 +135,8 @@ class ThreadPipeline final : public TrainPipeline {
   void gather_model() override {}  // the model's layers are the stages'
 
  private:
+  schedule::PipelineSchedule& engine() override { return pipeline_; }
+
   torch::nn::Sequential model_;
   std::vector<c10::Device> devices_;
   int64_t num_workers_;
@@ -137,11 +152,11 @@ std::string text_of(const std::vector<uint8_t>& bytes) {
   return std::string(bytes.begin(), bytes.end());
 }
 
-class RankPipeline final : public TrainPipeline {
+class RankPipeline final : public EnginePipeline<distributed::PipelineStage> {
  public:
   RankPipeline(const TrainConfig& c, const torch::nn::Sequential& model,
                const std::vector<int64_t>& balance)
-      : TrainPipeline(std::make_shared<trace::Tracer>(), grad_scaler_for(c)),
+      : EnginePipeline(c),
         model_(model),
         group_(distributed::rendezvous(
             *c.ranks, distributed::PipelineStageOptions(c.chunks).rendezvous_timeout())),
@@ -157,17 +172,6 @@ class RankPipeline final : public TrainPipeline {
     reset_peaks({pipeline_.device()});
   }
 
-  at::Tensor step(const at::Tensor& input, const at::Tensor& target) override {
-    return pipeline_.step(input, target);
-  }
-  at::Tensor evaluate(const at::Tensor& input, const at::Tensor& target) override {
-    return pipeline_.evaluate(input, target).loss;
-  }
-  double clip_grad_norm(double max_norm) override { return pipeline_.clip_grad_norm(max_norm); }
-  schedule::Schedule schedule(int64_t num_microbatches) override {
-    return pipeline_.schedule(num_microbatches);
-  }
-  std::vector<at::Tensor> parameters() override { return pipeline_.parameters(); }
   bool reports() const override { return pipeline_.rank() == 0; }
   std::string workers() const override { return std::to_string(pipeline_.world_size()) + " ranks"; }
   int64_t rank() const override { return pipeline_.rank(); }
@@ -303,6 +307,8 @@ class RankPipeline final : public TrainPipeline {
   }
 
  private:
+  distributed::PipelineStage& engine() override { return pipeline_; }
+
   static std::string key(const char* what, int64_t index) {
     return std::string("gpipe/train/") + what + "/" + std::to_string(index);
   }

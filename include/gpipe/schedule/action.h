@@ -44,6 +44,9 @@ enum class ActionKind {
 
 std::ostream& operator<<(std::ostream& out, ActionKind kind);
 
+/// The name of a task of `kind` in traces (trace.h): "forward", "backward_input", ...
+const char* trace_name(ActionKind kind);
+
 /// True for kForward, kBackward, kBackwardInput and kBackwardWeight, the actions that compute.
 bool is_compute(ActionKind kind);
 
