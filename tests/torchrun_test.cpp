@@ -151,6 +151,16 @@ class TorchrunTest : public ::testing::Test {
   std::optional<std::string> saved_threads_;
 };
 
+// Below the ports the kernel hands outgoing connections: none of the connections the ranks of
+// other jobs open can take it before rank 0 listens (a port the kernel picked could be taken).
+TEST(FreePortTest, IsBelowTheEphemeralRange) {
+  for (int k = 0; k < 16; ++k) {
+    const int port = free_port();
+    EXPECT_GE(port, 1024);
+    EXPECT_LT(port, launcher::ephemeral_ports().first);
+  }
+}
+
 TEST_F(TorchrunTest, StaticRendezvous) {
   // torchrun's agent serves the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True).
   expect_like_launcher({"--nproc_per_node 2 " + port_flag("--master_port", free_port())});

@@ -27,8 +27,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -208,18 +211,47 @@ int launch(const std::vector<std::string>& args, const std::string& name) {
   }
 }
 
-int free_port() {
+namespace {
+
+// Binds a socket to `port` of 127.0.0.1 (0: one the kernel picks) and returns the port bound, or
+// 0 if it is taken.
+int bind_loopback(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
+  address.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t length = sizeof(address);
-  const bool found = fd >= 0 &&
+  const bool bound = fd >= 0 &&
                      bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
                      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
   if (fd >= 0) close(fd);
-  return found ? ntohs(address.sin_port) : 0;
+  return bound ? ntohs(address.sin_port) : 0;
+}
+
+}  // namespace
+
+std::pair<int, int> ephemeral_ports() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  int high = 0;
+  if (range >> low >> high && 0 < low && low <= high && high < 65536) return {low, high};
+  return {32768, 60999};  // Linux's default
+}
+
+int free_port() {
+  // Below the ephemeral range: a port the kernel picks for us is one it may hand any outgoing
+  // connection (a store's client, Gloo's mesh) before rank 0 listens on it.
+  const int low = std::max(1024, ephemeral_ports().first - 20000);
+  const int high = ephemeral_ports().first - 1;
+  if (low < high) {
+    std::mt19937 random(std::random_device{}());
+    std::uniform_int_distribution<int> pick(low, high);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      if (const int port = bind_loopback(pick(random))) return port;
+    }
+  }
+  return bind_loopback(0);
 }
 
 }  // namespace launcher

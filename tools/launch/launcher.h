@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gpipe {
@@ -14,8 +15,13 @@ namespace launcher {
 /// signal when interrupted. --help or -h before `--` prints the usage on stdout and returns 0.
 int launch(const std::vector<std::string>& args, const std::string& name);
 
-/// A port of 127.0.0.1 that nothing listens on now (the kernel picks it); 0 if none was had.
+/// A port of 127.0.0.1 that nothing is bound to now, picked at random below ephemeral_ports()
+/// (where no outgoing connection takes it in the meantime), else one the kernel picks; 0 if
+/// none was had.
 int free_port();
+
+/// The ports the kernel hands outgoing connections (ip_local_port_range), first and last.
+std::pair<int, int> ephemeral_ports();
 
 }  // namespace launcher
 }  // namespace gpipe
