@@ -8,14 +8,12 @@
 
 #include "gpipe/cpu_malloc.h"
 #include "gpipe/memory.h"
+#include "launcher.h"
 
 #include <c10/util/irange.h>
 #include <nlohmann/json.hpp>
 
-#include <arpa/inet.h>
 #include <dlfcn.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -136,35 +134,28 @@ inline int run_command(const std::string& command, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-/// A port of 127.0.0.1 that nothing listens on now (the kernel picks it), for a benchmark's
-/// ranks to meet on; 0 if none was had. (The launcher's own, which benchmarks do not link.)
-inline int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  const bool found = fd >= 0 &&
-                     bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-                     getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  if (fd >= 0) close(fd);
-  return found ? ntohs(address.sin_port) : 0;
+/// Sets what a rank of a job of `ranks` processes on this machine reads (RANK, LOCAL_RANK,
+/// WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR 127.0.0.1 and MASTER_PORT `port`), as torchrun
+/// would: in a forked child, before it execs the rank.
+inline void set_rank_environment(int64_t rank, int64_t ranks, const std::string& port) {
+  setenv("RANK", std::to_string(rank).c_str(), 1);
+  setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+  setenv("WORLD_SIZE", std::to_string(ranks).c_str(), 1);
+  setenv("LOCAL_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", port.c_str(), 1);
 }
 
-/// Runs this program again as `ranks` processes of one job on this machine (RANK, LOCAL_RANK,
-/// WORLD_SIZE, MASTER_ADDR 127.0.0.1 and a free MASTER_PORT set), each with `args` (args[0] is
-/// the program's name); waits for them. Returns true if every rank exited 0.
+/// Runs this program again as `ranks` processes of one job on this machine
+/// (set_rank_environment, a free port), each with `args` (args[0] is the program's name); waits
+/// for them. Returns true if every rank exited 0.
 inline bool run_ranks_of_this_program(int ranks, const std::vector<std::string>& args) {
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(launcher::free_port());
   std::vector<pid_t> pids;
   for (int rank = 0; rank < ranks; ++rank) {
     const pid_t pid = fork();
     if (pid == 0) {
-      setenv("RANK", std::to_string(rank).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(ranks).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", port.c_str(), 1);
+      set_rank_environment(rank, ranks, port);
       std::vector<std::string> copy = args;
       std::vector<char*> pointers;
       for (auto& a : copy) pointers.push_back(a.data());

@@ -47,12 +47,9 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <malloc.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -222,17 +219,12 @@ std::string tail_error(const std::string& log) {
 // kills them) and reads what they wrote under `prefix`.
 Result launch(const std::vector<std::string>& command, int64_t processes, const std::string& prefix,
               bool python, double timeout) {
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(gpipe::launcher::free_port());
   std::vector<pid_t> pids;
   for (int64_t rank = 0; rank < processes; ++rank) {
     const pid_t pid = fork();
     if (pid == 0) {
-      setenv("RANK", std::to_string(rank).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(processes).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(processes).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", port.c_str(), 1);
+      set_rank_environment(rank, processes, port);
       setenv("OMP_NUM_THREADS", "1", 1);
       if (python) {
         setenv("GLIBC_TUNABLES", kTunables, 1);

@@ -242,8 +242,9 @@ std::pair<int, int> ephemeral_ports() {
 int free_port() {
   // Below the ephemeral range: a port the kernel picks for us is one it may hand any outgoing
   // connection (a store's client, Gloo's mesh) before rank 0 listens on it.
-  const int low = std::max(1024, ephemeral_ports().first - 20000);
-  const int high = ephemeral_ports().first - 1;
+  const int first_ephemeral = ephemeral_ports().first;
+  const int low = std::max(1024, first_ephemeral - 20000);
+  const int high = first_ephemeral - 1;
   if (low < high) {
     std::mt19937 random(std::random_device{}());
     std::uniform_int_distribution<int> pick(low, high);
