@@ -2,10 +2,13 @@
 # The GPU check: on a machine with a CUDA GPU and a Python whose `torch` is LibTorch 2.x with CUDA
 # (the project's GPU machine: torch 2.11.0+cu130, one H200), builds gpipe against that torch (the
 # library, the tests and one benchmark), runs every *_CUDA test and the transparency tests (their
-# GPU variants put several partitions on cuda:0), runs the gpu_pipeline benchmark, and writes
-# under OUT:
-#   gpu-check.json   the summary: machine, torch, CUDA, tests passed/failed/skipped, benchmark
+# GPU variants put several partitions on cuda:0), runs the gpu_pipeline benchmark (gpipe side by
+# side with torchgpipe, which that Python must import), and writes under OUT:
+#   gpu-check.json   the summary: machine, torch, CUDA, tests passed/failed/skipped, benchmark,
+#                    where one step's time goes (trace-summary.json), the GPU issue's targets
 #   tests.log        the tests' output          gpu_pipeline.json, benchmark.log   the benchmark's
+#   traces/          one profiled step per model of plain, pipeline-8 and the arithmetic, each
+#                    side (Chrome traces, gzipped)
 #
 #   bash scripts/gpu-check.sh [--out DIR] [--python PY] [--build-dir DIR] [--jobs N]
 #                             [--deps DIR] [--allow-no-gpu]
@@ -16,16 +19,18 @@
 #                    reused, as CI reuses the torch wheel's build/
 #   --jobs N         parallel compile jobs (default: every core)
 #   --deps DIR       Gloo's headers, GoogleTest, CLI11, nlohmann-json and tinyxml2 unpacked from
-#                    Debian's packages by scripts/gpu-deps.sh, for a machine without them that
-#                    reaches no registry (the GPU machine: carry gpu-deps/ there)
-#   --allow-no-gpu   without a GPU, run all the same (the *_CUDA tests skip) and exit 0; without
-#                    it, a machine without a GPU fails the check
+#                    Debian's packages, and torchgpipe's wheel, by scripts/gpu-deps.sh, for a
+#                    machine without them that reaches no registry (the GPU machine: carry
+#                    gpu-deps/ there)
+#   --allow-no-gpu   without a GPU, run all the same (the *_CUDA tests skip, the benchmark runs
+#                    on the CPU at small sizes) and exit 0; without it, a machine without a GPU
+#                    fails the check
 # Fits in 8 minutes on 16 cores; exits non-zero if a step fails or a test fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/libtorch.sh
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
 fail() {
   echo "gpu-check: $1" >&2
   exit 2
@@ -95,7 +100,13 @@ if [[ -n "$deps" ]]; then
   prefix_path="$prefix_path;$deps/usr"
   extra=("-DCMAKE_CXX_FLAGS=-isystem $deps/usr/include")
   export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # A pure-Python wheel imports from its zip.
+  for wheel in "$deps"/wheels/torchgpipe-*.whl; do
+    if [[ -f "$wheel" ]]; then export PYTHONPATH="$wheel${PYTHONPATH:+:$PYTHONPATH}"; fi
+  done
 fi
+"$python" -c "import torchgpipe" 2>/dev/null ||
+  fail "'$python' cannot import torchgpipe: --deps DIR from scripts/gpu-deps.sh, or pip install --no-deps torchgpipe==0.0.7"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix_path" \
   ${extra[@]+"${extra[@]}"} >"$out/configure.log" 2>&1 ||
   fail "configuring failed; see $out/configure.log"
@@ -111,9 +122,18 @@ tail -n 3 "$out/tests.log"
 
 echo "gpu-check: benchmark"
 bench_rc=0
-(cd "$out" && "$OLDPWD/$build/benchmarks/gpu_pipeline" --rounds 5 --json gpu_pipeline.json) \
-  >"$out/benchmark.log" 2>&1 || bench_rc=$?
+device=cpu rounds=3  # the CPU's small sizes, in CI
+if [[ "$gpu" == True ]]; then device=cuda rounds=5; fi
+python_path=$("$python" -c "import sys; print(sys.executable)")
+rm -rf "$out/traces" && mkdir -p "$out/traces"
+(cd "$out" && "$OLDPWD/$build/benchmarks/gpu_pipeline" --rounds "$rounds" --device "$device" \
+  --python "$python_path" --trace traces --json gpu_pipeline.json) >"$out/benchmark.log" 2>&1 ||
+  bench_rc=$?
 cat "$out/benchmark.log"
+echo "gpu-check: where one step's time goes (traces/*.json.gz)"
+"$python" benchmarks/gpu-pipeline/trace_summary.py "$out/traces" --json "$out/trace-summary.json" ||
+  bench_rc=$?
+gzip -f "$out"/traces/*.json 2>/dev/null || true
 
 "$python" - "$out" "$build_seconds" "$tests_rc" "$bench_rc" "$((SECONDS - start))" <<'PY'
 import json, os, sys
@@ -131,9 +151,32 @@ report = {
     "tests": {"run": len(cases) - len(skipped), "failed": failed, "skipped": skipped,
               "exit_code": tests_rc},
     "benchmark": load("gpu_pipeline.json"),
+    "trace_summary": load("trace-summary.json"),
     "benchmark_exit_code": bench_rc,
     "seconds": seconds,
 }
+# The targets of the GPU issue, read off the benchmark (informative: they fail nothing).
+bench = report["benchmark"] or {}
+targets = []
+for row in (bench.get("overhead") or {}).get("gpipe", []):
+    if row["chunks"] == 8:
+        targets.append(("GPipe at 8 chunks / plain", row["ratio"], "<= 1.05"))
+for model in bench.get("models", []):
+    for row in model.get("contenders", []):
+        over = row.get("gpipe_over_torchgpipe")
+        if over is None:
+            continue
+        name = f'{model["model"]} {row["contender"]}'
+        targets.append((f"{name}: gpipe / torchgpipe time", over["median"], "<= 1.0"))
+        if row["contender"] != "plain":
+            relative = row["gpipe_over_plain"] / row["torchgpipe_over_plain"]
+            targets.append((f"{name}: (gpipe / plain) / (torchgpipe / plain)", relative, "<= 1.1"))
+        gpipe_mib, torch_mib = row["gpipe"]["median_peak_mib"], row["torchgpipe"]["median_peak_mib"]
+        if gpipe_mib is not None and torch_mib:
+            targets.append((f"{name}: gpipe / torchgpipe peak memory", gpipe_mib / torch_mib, "<= 1.0"))
+report["targets"] = [{"what": w, "value": v, "target": t} for w, v, t in targets]
+for what, value, target in targets:
+    print(f"  {what}: {value:.3f} (target {target})")
 json.dump(report, open(os.path.join(out, "gpu-check.json"), "w"), indent=2)
 print(f"gpu-check: {len(cases) - len(skipped) - len(failed)} passed, {len(failed)} failed, "
       f"{len(skipped)} skipped; report in {out}/gpu-check.json ({seconds} s)")

@@ -5,6 +5,8 @@
 # GPIPE_LIBTORCH=debian: Debian's LibTorch 1.13 (CPU); builds in build-debian/.
 
 GPIPE_TORCH_VERSION=2.11.0
+# The reference, run beside gpipe by the gpu_pipeline benchmark (pure Python, any torch 2.x).
+GPIPE_TORCHGPIPE_VERSION=0.0.7
 
 # The configuration named by $1, else by $GPIPE_LIBTORCH, else wheel; exits 2 for another name.
 gpipe_libtorch() {

@@ -4,8 +4,9 @@
 #   bash scripts/setup.sh [wheel|debian]     (default: $GPIPE_LIBTORCH, else wheel)
 #
 # wheel:  LibTorch 2.11.0 with CUDA 13.0, from PyPI's `torch` wheel, in a virtual environment
-#         outside the source tree ($GPIPE_VENV, default ~/.cache/gpipe/venv). Gloo's headers, which
-#         the wheel leaves out, come from Debian's libgloo-dev.
+#         outside the source tree ($GPIPE_VENV, default ~/.cache/gpipe/venv), with torchgpipe 0.0.7
+#         beside it for the gpu_pipeline benchmark. Gloo's headers, which the wheel leaves out,
+#         come from Debian's libgloo-dev.
 # debian: Debian's LibTorch 1.13 (CPU) from libtorch-dev.
 # Both need the Debian packages below.
 set -euo pipefail
@@ -47,5 +48,11 @@ if [[ "$libtorch" == wheel ]]; then
     echo "setup: installing torch==$GPIPE_TORCH_VERSION into $venv (about 4.6 GB; a few minutes)"
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check "torch==$GPIPE_TORCH_VERSION"
+  fi
+  installed=$("$venv/bin/python" -c "from importlib.metadata import version; print(version('torchgpipe'))" 2>/dev/null || true)
+  if [[ "$installed" != "$GPIPE_TORCHGPIPE_VERSION" ]]; then
+    # --no-deps: it names torch, which is installed; pip must not replace it.
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps \
+      "torchgpipe==$GPIPE_TORCHGPIPE_VERSION"
   fi
 fi

@@ -1,6 +1,7 @@
 // Ports torchgpipe's tests/test_stream.py.
 #include "test_util.h"
 
+#include "detail/copy.h"
 #include "detail/stream.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -142,6 +143,97 @@ TEST(StreamTest, WaitStreamCudaCpu_CUDA) {
 TEST(StreamTest, WaitStreamCudaCuda_CUDA) {
   GPIPE_REQUIRE_CUDA(1);
   test_wait_stream(current_stream(kCuda), new_stream(kCuda));
+}
+
+// A device whose streams run nothing and whose guard counts what the stream logic asks of it:
+// PrivateUse1, which nothing else in the tests registers. It shows on a machine without a GPU
+// what the pipeline's stream logic would do to one: events between streams, no synchronization.
+struct GuardCalls {
+  int record = 0, block = 0, synchronize_stream = 0, synchronize_event = 0,
+      synchronize_device = 0, record_data_ptr = 0;
+};
+GuardCalls guard_calls;
+const c10::Device kCounted(c10::DeviceType::PrivateUse1, 0);
+
+struct CountingGuardImpl final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return c10::DeviceType::PrivateUse1; }
+  c10::Device exchangeDevice(c10::Device device) const override { return device; }
+  c10::Device getDevice() const override { return kCounted; }
+  void setDevice(c10::Device) const override {}
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device device) const override {
+    return c10::Stream(c10::Stream::UNSAFE, device, current_);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device device, bool) const override {
+    return c10::Stream(c10::Stream::UNSAFE, device, ++pooled_);
+  }
+  c10::Stream exchangeStream(c10::Stream stream) const override {
+    const c10::Stream previous = getStream(stream.device());
+    current_ = stream.id();
+    return previous;
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void** event, const c10::Stream&, const c10::DeviceIndex,
+              const c10::EventFlag) const override {
+    ++guard_calls.record;
+    *event = &guard_calls;  // any non-null handle
+  }
+  void block(void*, const c10::Stream&) const override { ++guard_calls.block; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  void synchronizeStream(const c10::Stream&) const override { ++guard_calls.synchronize_stream; }
+  void synchronizeEvent(void*) const override { ++guard_calls.synchronize_event; }
+  void synchronizeDevice(const c10::DeviceIndex) const override {
+    ++guard_calls.synchronize_device;
+  }
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {
+    ++guard_calls.record_data_ptr;
+  }
+
+ private:
+  mutable c10::StreamId current_ = 0;
+  mutable c10::StreamId pooled_ = 0;
+};
+C10_REGISTER_GUARD_IMPL(PrivateUse1, CountingGuardImpl);
+
+TEST(StreamTest, DeviceStreamsWaitOnAnEventNeverASynchronization) {
+  const c10::Stream a = new_stream(kCounted), b = new_stream(kCounted);
+  ASSERT_NE(a, b);
+  guard_calls = {};
+  wait_stream(a, b);
+  EXPECT_EQ(guard_calls.record, 1);
+  EXPECT_EQ(guard_calls.block, 1);
+  EXPECT_EQ(guard_calls.synchronize_stream + guard_calls.synchronize_event +
+                guard_calls.synchronize_device,
+            0);
+
+  // The CPU waits for a device stream by synchronizing that stream alone; a device stream needs
+  // nothing to wait for the CPU, whose work is done when it returns.
+  guard_calls = {};
+  wait_stream(kCpuStream, b);
+  EXPECT_EQ(guard_calls.synchronize_stream, 1);
+  EXPECT_EQ(guard_calls.synchronize_device, 0);
+  guard_calls = {};
+  wait_stream(b, kCpuStream);
+  EXPECT_EQ(guard_calls.record + guard_calls.block + guard_calls.synchronize_stream, 0);
+}
+
+TEST(StreamTest, WaitBetweenDeviceStreamsIsOneEventEachWay) {
+  // detail::wait, the pipeline's Wait between a partition's copy and compute streams: one event
+  // in forward (next waits for prev) and one in backward (prev waits for next), no
+  // synchronization; it records nothing on the allocator (the tensors stay where they are).
+  const c10::Stream prev = new_stream(kCounted), next = new_stream(kCounted);
+  torch::Tensor x = torch::rand({4}, torch::requires_grad());
+  guard_calls = {};
+  torch::Tensor y = detail::wait({x}, prev, next)[0];
+  EXPECT_EQ(guard_calls.record, 1);
+  EXPECT_EQ(guard_calls.block, 1);
+  y.sum().backward();
+  EXPECT_EQ(guard_calls.record, 2);
+  EXPECT_EQ(guard_calls.block, 2);
+  EXPECT_EQ(guard_calls.synchronize_stream + guard_calls.synchronize_event +
+                guard_calls.synchronize_device + guard_calls.record_data_ptr,
+            0);
+  EXPECT_TRUE(x.grad().equal(torch::ones({4})));
 }
 
 TEST(StreamTest, RecordStreamCpu) {

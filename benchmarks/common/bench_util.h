@@ -38,24 +38,40 @@ struct Args {
   std::string json;    ///< --json FILE: where the report goes; default <name>.json in the cwd
 };
 
-/// Parses argv. Prints the usage and exits 0 on --help; prints an error and exits 2 on a bad or
-/// unknown flag. `about` is the benchmark's one-paragraph description for --help. Also keeps
-/// freed memory for reuse (gpipe/cpu_malloc.h), for stable timings.
+/// A flag of one benchmark's own, "--name VALUE".
+struct Flag {
+  std::string name;    ///< "--device"
+  std::string* value;  ///< holds the default; parse_args sets it from the command line
+  std::string help;    ///< what --help says of it, one line
+};
+
+/// Parses argv: the common flags and `own`. Prints the usage and exits 0 on --help; prints an
+/// error and exits 2 on a bad or unknown flag. `about` is the benchmark's one-paragraph
+/// description for --help. Also keeps freed memory for reuse (gpipe/cpu_malloc.h), for stable
+/// timings.
 inline Args parse_args(int argc, char** argv, const std::string& name, const std::string& about,
-                       int default_rounds) {
+                       int default_rounds, const std::vector<Flag>& own = {}) {
   gpipe::memory::reuse_freed_cpu_memory();  // stable timings: no page faults from freed memory
   Args args;
   args.rounds = default_rounds;
   args.json = name + ".json";
+  std::string own_usage, own_help;
+  for (const Flag& flag : own) {
+    own_usage += " [" + flag.name + " VALUE]";
+    const size_t pad = flag.name.size() < 11 ? 13 - flag.name.size() : 2;
+    own_help += "  " + flag.name + std::string(pad, ' ') + flag.help + " (default '" +
+                *flag.value + "')\n";
+  }
   auto usage = [&](std::FILE* out) {
     std::fprintf(out,
-                 "usage: %s [--paper] [--rounds N] [--json FILE]\n\n%s\n\n"
+                 "usage: %s [--paper] [--rounds N] [--json FILE]%s\n\n%s\n\n"
                  "  --paper      torchgpipe's sizes (the reference's benchmarks/%s); they need a\n"
                  "               GPU-class machine: on a CPU they take hours and tens of GiB\n"
                  "  --rounds N   measurements per contender, reported as the median (default %d)\n"
                  "  --json FILE  write the configuration and the results as JSON\n"
-                 "               (default %s.json in the current directory)\n",
-                 name.c_str(), about.c_str(), name.c_str(), default_rounds, name.c_str());
+                 "               (default %s.json in the current directory)\n%s",
+                 name.c_str(), own_usage.c_str(), about.c_str(), name.c_str(), default_rounds,
+                 name.c_str(), own_help.c_str());
   };
   auto fail = [&](const std::string& message) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), message.c_str());
@@ -81,7 +97,11 @@ inline Args parse_args(int argc, char** argv, const std::string& name, const std
         args.rounds = static_cast<int>(rounds);
       }
     } else {
-      fail("unknown argument " + flag);
+      const auto it = std::find_if(own.begin(), own.end(),
+                                   [&](const Flag& f) { return f.name == flag; });
+      if (it == own.end()) fail("unknown argument " + flag);
+      if (k + 1 == argc) fail(flag + " needs a value");
+      *it->value = argv[++k];
     }
   }
   return args;
@@ -172,6 +192,14 @@ inline bool run_ranks_of_this_program(int ranks, const std::vector<std::string>&
     ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
   return ok;
+}
+
+/// The Python of the torch wheel's virtual environment that scripts/setup.sh makes:
+/// $GPIPE_VENV/bin/python, else ~/.cache/gpipe/venv/bin/python.
+inline std::string default_python() {
+  if (const char* venv = std::getenv("GPIPE_VENV")) return std::string(venv) + "/bin/python";
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "/root") + "/.cache/gpipe/venv/bin/python";
 }
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {

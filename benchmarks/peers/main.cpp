@@ -357,12 +357,6 @@ std::vector<std::string> split(const std::string& list) {
   return out;
 }
 
-std::string default_python() {
-  if (const char* venv = std::getenv("GPIPE_VENV")) return std::string(venv) + "/bin/python";
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "/root") + "/.cache/gpipe/venv/bin/python";
-}
-
 // The first three fields of /proc/loadavg: how busy the machine was.
 std::string load_average() {
   std::ifstream in("/proc/loadavg");
