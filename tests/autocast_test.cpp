@@ -172,6 +172,8 @@ TEST(AutocastTest, EveryScheduleRunsItsStagesUnderTheCallersAutocast) {
       {ScheduleKind::kInterleavedZeroBubble, 2, CheckpointMode::kNever},
       {ScheduleKind::kZeroBubbleV, 2, CheckpointMode::kNever},
       {ScheduleKind::kDualPipeV, 2, CheckpointMode::kNever},
+      {ScheduleKind::kVMin, 2, CheckpointMode::kNever},
+      {ScheduleKind::kVHalf, 2, CheckpointMode::kNever},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c10::str(c.kind, ", checkpoint ", c.checkpoint));

@@ -152,7 +152,7 @@ TEST(TrainConfigTest, Errors) {
   GPIPE_EXPECT_THROW_WITH(
       parse_train_config({"--schedule", "2f2b"}), UsageError,
       "--schedule: must be one of gpipe, 1f1b, interleaved_1f1b, zb1p, zbv, interleaved_zb1p, "
-      "looped_bfs, dualpipev, but got '2f2b'");
+      "looped_bfs, dualpipev, v_min, v_half, but got '2f2b'");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--schedule", "zb1p", "--checkpoint", "always"}),
                           UsageError,
                           "--schedule zb1p splits each backward into input and weight gradients, "
@@ -173,7 +173,7 @@ TEST(TrainConfigTest, Errors) {
       parse_train_config({"--virtual-stages", "2"}), UsageError,
       "--schedule 1f1b runs one stage per worker, but --virtual-stages is 2 "
       "(more than 1 only with interleaved_1f1b, interleaved_zb1p and looped_bfs; 2 with "
-      "zbv and dualpipev)");
+      "zbv, dualpipev, v_min and v_half)");
   GPIPE_EXPECT_THROW_WITH(parse_train_config({"--schedule", "zbv", "--stages", "4"}), UsageError,
                           "--schedule zbv runs two stages per worker in a V, but --virtual-stages "
                           "is 1 (set it to 2)");

@@ -105,6 +105,17 @@ TEST(DistributedPipelineTest, ZbvEveryMicroBatchCount) {
   }
 }
 
+// V-Min and V-Half on 2 and 4 ranks, from one micro-batch to more than their bound holds.
+TEST(DistributedPipelineTest, VMinAndVHalfOnTwoAndFourRanks) {
+  for (const std::string schedule : {"v_min", "v_half"}) {
+    for (const int ranks : {2, 4}) {
+      for (const int64_t chunks : {1, 3, 8}) {
+        expect_equivalent(ranks, schedule, 2, 1, "never", chunks);
+      }
+    }
+  }
+}
+
 // DualPipeV on 2 and 4 ranks for every micro-batch count it allows up to 8 (from one per stage).
 TEST(DistributedPipelineTest, DualPipeVEveryMicroBatchCount) {
   for (const int ranks : {2, 4}) {

@@ -209,7 +209,9 @@ TEST(DistributedRecipesTest, TiedClippedEvaluatedOnTwoRanksEverySchedule) {
                                                     {"interleaved_zb1p", 2},
                                                     {"looped_bfs", 2},
                                                     {"zbv", 2},
-                                                    {"dualpipev", 2}}) {
+                                                    {"dualpipev", 2},
+                                                    {"v_min", 2},
+                                                    {"v_half", 2}}) {
     expect_tied_training(2, schedule, per_rank);
   }
 }

@@ -60,7 +60,9 @@ std::vector<std::pair<std::string, ScheduleKind>> aliases() {
       {ScheduleKind::kZeroBubbleV, {"zbv", "kzerobubblev"}},
       {ScheduleKind::kInterleavedZeroBubble, {"interleaved zb1p", "kinterleavedzerobubble"}},
       {ScheduleKind::kLoopedBFS, {"looped bfs", "kloopedbfs"}},
-      {ScheduleKind::kDualPipeV, {"dualpipev", "kdualpipev"}}};
+      {ScheduleKind::kDualPipeV, {"dualpipev", "kdualpipev"}},
+      {ScheduleKind::kVMin, {"v-min", "kvmin"}},
+      {ScheduleKind::kVHalf, {"v-half", "kvhalf"}}};
   for (const auto kind : schedule::all_schedule_kinds()) {
     result.emplace_back(c10::str(kind), kind);
     for (const auto& name : prose.at(kind)) result.emplace_back(name, kind);

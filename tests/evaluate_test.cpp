@@ -37,6 +37,8 @@ TEST(EvaluateTest, EveryScheduleGivesThePlainModelsOutputAndLoss) {
       {ScheduleKind::kLoopedBFS, 2, false},
       {ScheduleKind::kZeroBubbleV, 2, true},
       {ScheduleKind::kDualPipeV, 2, false},
+      {ScheduleKind::kVMin, 2, true},
+      {ScheduleKind::kVHalf, 2, false},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c10::str(c.kind, c.skips ? ", skips" : ""));

@@ -140,6 +140,17 @@ TEST(ScheduleRuntimeTest, DualPipeVEqualsPlainModel) {
   }
 }
 
+TEST(ScheduleRuntimeTest, VMinAndVHalfEqualPlainModel) {
+  // 1..4 workers with 2 stages each in a V, memory-bounded.
+  for (const auto kind : {ScheduleKind::kVMin, ScheduleKind::kVHalf}) {
+    for (int64_t workers = 1; workers <= 4; ++workers) {
+      for (int64_t chunks = 1; chunks <= 8; ++chunks) {
+        expect_equivalent(kind, 2 * workers, chunks, 2);
+      }
+    }
+  }
+}
+
 // Schedules of one's own, as text (schedule_file.h): hand-written 1F1B with one worker running
 // stages 0 and 1 in a V with 2 and 3, and PyTorch's lowered notation.
 TEST(ScheduleRuntimeTest, CustomScheduleEqualsPlainModel) {

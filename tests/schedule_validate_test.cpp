@@ -298,9 +298,9 @@ TEST(ScheduleValidateTest, MakeScheduleChecksStages) {
   GPIPE_EXPECT_THROW_WITH(
       parse_schedule_kind("zb"), c10::ValueError,
       "unknown schedule kind 'zb' (expected gpipe, 1f1b, interleaved_1f1b, zb1p, zbv, "
-      "interleaved_zb1p, looped_bfs, dualpipev)");
+      "interleaved_zb1p, looped_bfs, dualpipev, v_min, v_half)");
   for (const auto& name : schedule_names()) EXPECT_EQ(c10::str(parse_schedule_kind(name)), name);
-  EXPECT_EQ(schedule_names().size(), 8u);
+  EXPECT_EQ(schedule_names().size(), 10u);
 }
 
 // The one rule of every engine and the command, worded with the caller's names for the options.
@@ -318,7 +318,8 @@ TEST(ScheduleValidateTest, ScheduleOptionRules) {
   GPIPE_EXPECT_THROW_WITH(
       check_schedule_options(ScheduleKind::kGPipe, 2, CheckpointMode::kNever), c10::ValueError,
       "schedule gpipe runs one stage per worker, but stages_per_worker is 2 (more than 1 only "
-      "with interleaved_1f1b, interleaved_zb1p and looped_bfs; 2 with zbv and dualpipev)");
+      "with interleaved_1f1b, interleaved_zb1p and looped_bfs; 2 with zbv, dualpipev, v_min and "
+      "v_half)");
   GPIPE_EXPECT_THROW_WITH(
       check_schedule_options(ScheduleKind::kZeroBubbleV, 1, CheckpointMode::kNever),
       c10::ValueError,

@@ -112,10 +112,10 @@ void expect_skips_equivalent(int64_t stages, const PipelineScheduleOptions& opti
 
 // Every schedule, 2..4 workers (2..8 stages: the skips cross 1 to 6 stages), 1..8 micro-batches.
 TEST(SkipScheduleTest, SkipsAcrossStagesEveryScheduleEqualPlainModel) {
-  for (const auto kind :
-       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble,
-        ScheduleKind::kInterleavedOneFOneB, ScheduleKind::kInterleavedZeroBubble,
-        ScheduleKind::kLoopedBFS, ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV}) {
+  for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble,
+                          ScheduleKind::kInterleavedOneFOneB, ScheduleKind::kInterleavedZeroBubble,
+                          ScheduleKind::kLoopedBFS, ScheduleKind::kZeroBubbleV,
+                          ScheduleKind::kDualPipeV, ScheduleKind::kVMin, ScheduleKind::kVHalf}) {
     const int64_t per_worker = kind == ScheduleKind::kGPipe || kind == ScheduleKind::kOneFOneB ||
                                        kind == ScheduleKind::kZeroBubble
                                    ? 1
@@ -152,7 +152,9 @@ const std::vector<std::pair<ScheduleKind, int64_t>> kSchedules{
     {ScheduleKind::kInterleavedZeroBubble, 2},
     {ScheduleKind::kLoopedBFS, 2},
     {ScheduleKind::kZeroBubbleV, 2},
-    {ScheduleKind::kDualPipeV, 2}};
+    {ScheduleKind::kDualPipeV, 2},
+    {ScheduleKind::kVMin, 2},
+    {ScheduleKind::kVHalf, 2}};
 
 // `make()`'s model pipelined on `balance` under every schedule that runs that many stages gives
 // the plain model's loss and gradients on (input, target).

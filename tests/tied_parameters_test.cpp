@@ -39,6 +39,8 @@ const std::vector<Case> kEverySchedule{
     {ScheduleKind::kLoopedBFS, 2},
     {ScheduleKind::kZeroBubbleV, 2},
     {ScheduleKind::kDualPipeV, 2},
+    {ScheduleKind::kVMin, 2},
+    {ScheduleKind::kVHalf, 2},
 };
 
 // Three SGD steps on parameters(): the tie's gradient sums both stages' parts in every step

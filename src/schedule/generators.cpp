@@ -245,15 +245,18 @@ Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stage
       return looped_bfs_schedule(num_workers, v, num_microbatches);
     }
     case ScheduleKind::kZeroBubbleV:
-      TORCH_CHECK_VALUE(num_stages == 2 * num_workers, "schedule ", kind,
-                        " runs two stages per worker in a V, but got ", num_stages, " stages for ",
-                        num_workers, " workers");
-      return zbv_schedule(num_workers, num_microbatches);
     case ScheduleKind::kDualPipeV:
+    case ScheduleKind::kVMin:
+    case ScheduleKind::kVHalf:
       TORCH_CHECK_VALUE(num_stages == 2 * num_workers, "schedule ", kind,
                         " runs two stages per worker in a V, but got ", num_stages, " stages for ",
                         num_workers, " workers");
-      return dualpipev_schedule(num_workers, num_microbatches);
+      if (kind == ScheduleKind::kZeroBubbleV) return zbv_schedule(num_workers, num_microbatches);
+      if (kind == ScheduleKind::kDualPipeV) {
+        return dualpipev_schedule(num_workers, num_microbatches);
+      }
+      if (kind == ScheduleKind::kVMin) return v_min_schedule(num_workers, num_microbatches);
+      return v_half_schedule(num_workers, num_microbatches);
   }
   TORCH_CHECK_VALUE(false, "unknown schedule kind ", static_cast<int>(kind));
 }

@@ -18,7 +18,9 @@ constexpr gpipe::detail::EnumName<ScheduleKind> kScheduleKinds[] = {
     {ScheduleKind::kZeroBubbleV, "zbv"},
     {ScheduleKind::kInterleavedZeroBubble, "interleaved_zb1p"},
     {ScheduleKind::kLoopedBFS, "looped_bfs"},
-    {ScheduleKind::kDualPipeV, "dualpipev"}};
+    {ScheduleKind::kDualPipeV, "dualpipev"},
+    {ScheduleKind::kVMin, "v_min"},
+    {ScheduleKind::kVHalf, "v_half"}};
 
 }  // namespace
 
@@ -63,14 +65,16 @@ std::string schedule_name_list(const std::vector<ScheduleKind>& kinds, const std
 }
 
 Placement placement_of(ScheduleKind kind) {
-  return kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV
+  return kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV ||
+                 kind == ScheduleKind::kVMin || kind == ScheduleKind::kVHalf
              ? Placement::kV
              : Placement::kLooped;
 }
 
 bool splits_backward(ScheduleKind kind) {
   return kind == ScheduleKind::kZeroBubble || kind == ScheduleKind::kZeroBubbleV ||
-         kind == ScheduleKind::kInterleavedZeroBubble || kind == ScheduleKind::kDualPipeV;
+         kind == ScheduleKind::kInterleavedZeroBubble || kind == ScheduleKind::kDualPipeV ||
+         kind == ScheduleKind::kVMin || kind == ScheduleKind::kVHalf;
 }
 
 bool loops_stages(ScheduleKind kind) {

@@ -100,15 +100,16 @@ SimulateReport simulate_schedules(const TrainConfig& c, std::ostream& out) {
   using schedule::ScheduleKind;
   SimulateReport report;
   const Profile single = profile(model, W, ScheduleKind::kZeroBubble, 1, c, input, target);
-  for (const auto kind :
-       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble}) {
+  // One stage per worker, or several (looped stages and the V placement): each kind once.
+  const auto several = [](ScheduleKind kind) {
+    return schedule::loops_stages(kind) || schedule::placement_of(kind) == schedule::Placement::kV;
+  };
+  for (const auto kind : schedule::schedule_kinds_where([&](auto k) { return !several(k); })) {
     report.forecasts.push_back(forecast(kind, W, W, M, single));
   }
   if (doubled) {
     const Profile twice = profile(model, 2 * W, ScheduleKind::kZeroBubbleV, 2, c, input, target);
-    for (const auto kind :
-         {ScheduleKind::kInterleavedOneFOneB, ScheduleKind::kInterleavedZeroBubble,
-          ScheduleKind::kLoopedBFS, ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV}) {
+    for (const auto kind : schedule::schedule_kinds_where(several)) {
       const int64_t least = schedule::min_microbatches(kind, 2 * W);
       if (M < least) {
         report.left_out.push_back(c10::str(kind, " (needs at least ", least, " micro-batches)"));

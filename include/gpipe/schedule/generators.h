@@ -1,5 +1,6 @@
 // Schedule generators: GPipe (fill-drain), 1F1B, interleaved 1F1B, looped BFS, the zero-bubble
-// ZB1P, interleaved ZB1P and ZBV, and DualPipeV, as lists of actions.
+// ZB1P, interleaved ZB1P and ZBV, DualPipeV, and the memory-bounded V-Min and V-Half, as lists of
+// actions.
 //
 // Every generator places the receive of a tensor right before the compute that uses it and the
 // send right after the compute that produces it, so a worker blocks only when its input has not
@@ -38,6 +39,23 @@
 //     each other's communication; here a pair runs back to back. Backwards are whole until the
 //     cooldown, whose second half splits them and fills the gaps with weight gradients. Needs
 //     M >= 2W.
+//   V-Min and V-Half (of "Pipeline Parallelism with Controllable Memory", Qi et al., 2024): ZBV's
+//     stages and split backwards, built from the paper's building block - the ticks at which each
+//     worker runs one micro-batch's four passes (forward down, forward up, input gradient up,
+//     input gradient down) - repeated every 6 ticks, a worker's F, B and W of two stages. The
+//     block's lifespan decides the memory: each worker runs its forwards and input gradients in
+//     the repeated block's order, each as soon as it is ready, a forward only while it holds
+//     fewer micro-batches than the block's peak; in the other ticks it runs a pending weight
+//     gradient (its up stage's first, oldest first).
+//   V-Min: every pass of the block follows the one it needs at once (the input gradient 2 ticks
+//     later where 3 divides W, so that a worker's four passes fall on different ticks of 6). A
+//     worker holds at most 2 * floor((W + 4) / 3) half-size micro-batches, about a third of
+//     1F1B's first stage; with unit costs a step takes 6M + 4W - 5 ticks (+2 where 3 divides W),
+//     the bubble about 2W / 3M.
+//   V-Half: the passes going down the V take 2 ticks per worker, those coming back 1 (the input
+//     gradient 3 ticks later where W is even), so a micro-batch lives longer: a worker holds at
+//     most 2 * floor((W + 2) / 2), about half of 1F1B's first stage, and with unit costs the
+//     bubble is about W / 2M.
 //
 // Thread safety: pure functions.
 #pragma once
@@ -84,6 +102,15 @@ Schedule zbv_schedule(int64_t num_workers, int64_t num_microbatches);
 /// c10::ValueError unless both are positive and num_microbatches >= 2 * num_workers.
 Schedule dualpipev_schedule(int64_t num_workers, int64_t num_microbatches);
 
+/// V-Min: `num_workers` workers with two stages each in a V (Placement::kV), holding at most
+/// 2 * floor((num_workers + 4) / 3) micro-batches of their stages. Throws c10::ValueError unless
+/// both are positive.
+Schedule v_min_schedule(int64_t num_workers, int64_t num_microbatches);
+
+/// V-Half: as V-Min, holding at most 2 * floor((num_workers + 2) / 2) micro-batches of their
+/// stages for a smaller bubble. Throws c10::ValueError unless both are positive.
+Schedule v_half_schedule(int64_t num_workers, int64_t num_microbatches);
+
 /// Interleaved ZB1P: interleaved 1F1B's looped stages with backwards split as in ZB1P, made as
 /// ZBV is, with interleaved 1F1B's warm-up bound plus W micro-batches waiting for their weight
 /// gradients. Throws c10::ValueError unless all three are positive.
@@ -98,7 +125,8 @@ Schedule looped_bfs_schedule(int64_t num_workers, int64_t stages_per_worker,
 
 /// The schedule of `kind` for `num_stages` stages on `num_workers` workers. GPipe, 1F1B and ZB1P
 /// need num_stages == num_workers; interleaved 1F1B and ZB1P and looped BFS need num_stages to
-/// be a multiple of num_workers; ZBV and DualPipeV need num_stages == 2 * num_workers. Throws
+/// be a multiple of num_workers; ZBV, DualPipeV, V-Min and V-Half need num_stages ==
+/// 2 * num_workers. Throws
 /// c10::ValueError otherwise.
 Schedule make_schedule(ScheduleKind kind, int64_t num_workers, int64_t num_stages,
                        int64_t num_microbatches);

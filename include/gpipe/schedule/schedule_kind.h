@@ -27,20 +27,22 @@ enum class ScheduleKind {
   kInterleavedZeroBubble,  ///< interleaved ZB1P: interleaved 1F1B's stages, backward split
   kLoopedBFS,              ///< looped BFS: interleaved stages, each stage's forwards all at once
   kDualPipeV,              ///< DualPipeV: ZBV's V, forwards paired with backwards (DeepSeek)
+  kVMin,                   ///< V-Min: ZBV's V holding about a third of 1F1B's activations
+  kVHalf,                  ///< V-Half: ZBV's V holding about half of 1F1B's activations
 };
 
 std::ostream& operator<<(std::ostream& out, ScheduleKind kind);
 
-/// Parses "gpipe", "1f1b", "interleaved_1f1b", "zb1p", "zbv", "interleaved_zb1p", "looped_bfs"
-/// or "dualpipev". Throws c10::ValueError for anything else.
+/// Parses "gpipe", "1f1b", "interleaved_1f1b", "zb1p", "zbv", "interleaved_zb1p", "looped_bfs",
+/// "dualpipev", "v_min" or "v_half". Throws c10::ValueError for anything else.
 ScheduleKind parse_schedule_kind(const std::string& name);
 
 /// Every name parse_schedule_kind accepts, in the order of ScheduleKind.
 std::vector<std::string> schedule_names();
 
-/// Where the schedules of `kind` place their stages: kV for kZeroBubbleV and kDualPipeV, else
-/// kLooped. (The rules below answer "which schedules ...": messages and documents list kinds
-/// through them, with schedule_kinds_where, so that no list goes stale.)
+/// Where the schedules of `kind` place their stages: kV for kZeroBubbleV, kDualPipeV, kVMin and
+/// kVHalf, else kLooped. (The rules below answer "which schedules ...": messages and documents list
+/// kinds through them, with schedule_kinds_where, so that no list goes stale.)
 Placement placement_of(ScheduleKind kind);
 
 /// True for the schedules that split each backward into kBackwardInput and kBackwardWeight.
