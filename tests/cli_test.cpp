@@ -461,7 +461,7 @@ TEST(CommandTest, BadCommandLinesExitWithTwoAndOneLine) {
             "embedding + head)\n"},
            {"train --steps -3", "gpipe train: --steps: must be at least 1, but got -3\n"},
            {"generate", "gpipe generate: needs --model FILE (from gpipe train --save)\n"},
-           {"fly", "gpipe fly: unknown command 'fly' (commands: train, generate, launch, trace)\n"},
+           {"fly", "gpipe fly: unknown command 'fly' (commands: train, plan, generate, launch, trace)\n"},
            {"trace split a.json",
             "gpipe trace: unknown trace command 'split' (trace commands: merge)\n"},
            {"trace merge a.json", "gpipe trace merge: needs -o FILE, the merged trace\n"},

@@ -7,8 +7,10 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <vector>
 
 namespace gpipe {
@@ -207,6 +209,36 @@ TEST(DocsTest, CheckpointingSnippetCountsEachMicroBatchOnce) {
   pipe->forward(torch::randn({8, 4}, torch::requires_grad())).sum().backward();
   EXPECT_EQ(every_call->calls, 8);  // 4 micro-batches, each recomputed
   EXPECT_EQ(counting->calls, 4);
+}
+
+// docs/planning.md: the planner's choice, trained as it says.
+TEST(DocsTest, PlanningSnippet) {
+  torch::manual_seed(0);
+  torch::nn::Sequential sequential;
+  for (int k = 0; k < 4; ++k) {
+    sequential->push_back(torch::nn::Linear(32, 32));
+    sequential->push_back(torch::nn::Tanh());
+  }
+  const torch::Tensor batch = torch::randn({64, 32}), target = torch::randn({64, 32});
+  const schedule::LossFunction mse = [](const Batch& output, const Batch& target) {
+    return torch::mse_loss(output.tensor(), target.tensor());
+  };
+  // clang-format off
+  const gpipe::PlanReport report = gpipe::plan(
+      sequential, /*sample=*/batch,
+      gpipe::PlanOptions(/*workers=*/2).memory_cap(64 << 20).param_scale(4.0));  // Adam
+  std::cout << report;  // the ranked plans, the families ruled out and why
+  const gpipe::Plan& best = report.best();
+  gpipe::schedule::PipelineSchedule pipe(
+      sequential, best.balance, mse,
+      gpipe::schedule::PipelineScheduleOptions(best.microbatches)
+          .schedule(best.schedule)
+          .stages_per_worker(best.stages_per_worker)
+          .checkpoint(best.checkpoint));
+  // clang-format on
+  const torch::Tensor loss = pipe.step(batch, target);
+  EXPECT_TRUE(std::isfinite(loss.item<double>()));
+  EXPECT_LE(best.largest_peak_bytes(), 64 << 20);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "gpipe/memory.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/pipe.h"
+#include "gpipe/plan.h"
 #include "gpipe/schedule/action.h"
 #include "gpipe/schedule/generators.h"
 #include "gpipe/schedule/options.h"

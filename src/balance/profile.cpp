@@ -1,5 +1,6 @@
 #include "gpipe/balance/profile.h"
 
+#include "balance/layer_sandbox.h"
 #include "detail/stream.h"
 #include "gpipe/memory.h"
 
@@ -19,92 +20,6 @@
 namespace gpipe {
 namespace balance {
 namespace {
-
-// One layer, ready to be profiled on `device` in training mode: a clone, or the layer itself
-// when it cannot be cloned, restored (values, gradients, modes) when the sandbox goes.
-class LayerSandbox {
- public:
-  LayerSandbox(size_t index, const std::string& name, const torch::nn::AnyModule& layer,
-               c10::Device device) {
-    torch::nn::AnyModule copy;
-    try {
-      copy = layer.clone(device);
-    } catch (const c10::Error& error) {
-      if (std::string(error.what()).find("clone() has not been implemented") == std::string::npos) {
-        throw;
-      }
-      copy = layer;
-      in_place_ = layer.ptr();
-    }
-    if (in_place_) {
-      for (const auto& tensor : in_place_->parameters()) save(index, tensor, device);
-      for (const auto& tensor : in_place_->buffers()) save(index, tensor, device);
-      for (const auto& module : in_place_->modules()) {
-        modes_.emplace_back(module, module->is_training());
-      }
-    }
-    copy.ptr()->train(true);
-    sequential_->push_back(name, std::move(copy));
-  }
-
-  ~LayerSandbox() {
-    if (!in_place_) return;
-    torch::NoGradGuard no_grad;
-    for (auto& [tensor, value] : saved_) {
-      tensor.copy_(value);
-      if (tensor.grad().defined()) tensor.mutable_grad() = at::Tensor();
-    }
-    for (auto& [module, training] : modes_) module->train(training);  // parents before children
-  }
-
-  LayerSandbox(const LayerSandbox&) = delete;
-  LayerSandbox& operator=(const LayerSandbox&) = delete;
-
-  torch::nn::Sequential& sequential() { return sequential_; }
-
- private:
-  void save(size_t index, const at::Tensor& tensor, c10::Device device) {
-    TORCH_CHECK_VALUE(!tensor.defined() || tensor.device() == device, "layer ", index,
-                      " cannot be cloned for profiling (it is no torch::nn::Cloneable) and is on ",
-                      tensor.device(), ", not on the profiling device ", device);
-    if (tensor.defined()) saved_.emplace_back(tensor, tensor.detach().clone());
-  }
-
-  torch::nn::Sequential sequential_;
-  std::shared_ptr<torch::nn::Module> in_place_;           // set when profiled in place
-  std::vector<std::pair<at::Tensor, at::Tensor>> saved_;  // (tensor, its value before)
-  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> modes_;
-};
-
-// Cuts the batch from the graph that made it, keeping which tensors require grad.
-void detach(Batch& batch) {
-  for (const auto k : c10::irange(batch.size())) {
-    const bool requires_grad = batch[k].requires_grad();
-    batch[k] = batch[k].detach().requires_grad_(requires_grad);
-  }
-}
-
-Batch to_device(const Batch& sample, c10::Device device) {
-  Batch batch = sample;
-  for (const auto k : c10::irange(batch.size())) {
-    const bool requires_grad = batch[k].requires_grad();
-    batch[k] = batch[k].detach().to(device).requires_grad_(requires_grad);
-  }
-  return batch;
-}
-
-void check_no_gradients(torch::nn::Sequential& module) {
-  for (const auto& parameter : module->named_parameters()) {
-    TORCH_CHECK_VALUE(!parameter.value().grad().defined(), "some parameter already has gradient ('",
-                      parameter.key(),
-                      "'): profiling would accumulate into it; zero_grad(/*set_to_none=*/true) it");
-  }
-}
-
-void synchronize(c10::Device device) {
-  if (device.is_cpu()) return;
-  detail::current_stream(device).synchronize();
-}
 
 int64_t median(std::vector<int64_t> values) {
   const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);

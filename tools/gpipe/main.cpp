@@ -1,5 +1,5 @@
-// The `gpipe` command: `gpipe train` (the default job), `gpipe generate`, `gpipe launch`,
-// `gpipe trace merge`.
+// The `gpipe` command: `gpipe train` (the default job), `gpipe plan`, `gpipe generate`,
+// `gpipe launch`, `gpipe trace merge`.
 //
 // Exit codes: 0 done, 1 a failure while running, 2 a bad command line (one line on stderr).
 #include "arguments.h"
@@ -7,6 +7,7 @@
 #include "launcher.h"
 #include "trace_merge.h"
 #include "train.h"
+#include "train_plan.h"
 #include "train_simulate.h"
 
 #include "gpipe/cpu_malloc.h"
@@ -26,6 +27,8 @@ constexpr const char* kUsage = R"(usage: gpipe <command> [flags]
 
 commands:
   train       train a character-level GPT pipelined over stages (the default job)
+  plan        choose the schedule, stages, micro-batches, checkpointing and balance of train:
+              gpipe train --plan show (train's flags)
   generate    sample text from a model saved by train --save
   launch      start the N ranks of a multi-process program on this machine:
               gpipe launch -n N [--master-port P] [--grace S] -- program [args...]
@@ -38,10 +41,14 @@ commands:
 int run(const std::string& command, const std::vector<std::string>& args) {
   using namespace gpipe::cli;
   const bool help = asks_for_help(args);
-  if (command == "train") {
+  if (command == "train" || command == "plan") {
     if (help) return std::cout << train_usage(), 0;
-    const TrainConfig config = parse_train_config(args);
+    std::vector<std::string> flags = args;
+    if (command == "plan") flags.insert(flags.end(), {"--plan", "show"});
+    TrainConfig config = parse_train_config(flags);
     if (config.simulate) return simulate_schedules(config, std::cout), 0;
+    if (config.plan == "show") return plan_training(config, std::cout), 0;
+    if (config.plan == "auto") config = with_plan(config, plan_training(config, std::cout));
     std::ostringstream discarded;
     train(config, config.quiet ? static_cast<std::ostream&>(discarded) : std::cout,
           !config.quiet && isatty(STDOUT_FILENO));
@@ -66,7 +73,8 @@ int run(const std::string& command, const std::vector<std::string>& args) {
     return 0;
   }
   if (command == "--help" || command == "-h" || command == "help") return std::cout << kUsage, 0;
-  throw UsageError("unknown command '" + command + "' (commands: train, generate, launch, trace)");
+  throw UsageError("unknown command '" + command +
+                   "' (commands: train, plan, generate, launch, trace)");
 }
 
 }  // namespace

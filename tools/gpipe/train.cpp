@@ -77,7 +77,7 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
     corpus = std::move(training);
     validation = held.spaced_batch(c.batch_size, options.block_size());
   }
-  const auto balance = balance::balance_by_count(c.stages, layers);
+  const auto balance = c.balance.empty() ? balance::balance_by_count(c.stages, layers) : c.balance;
   // Every rank builds the whole model from the seed and trains its own stages.
   const auto pipeline = TrainPipeline::make(c, model, balance);
   torch::optim::AdamW optimizer(pipeline->parameters(),

@@ -37,8 +37,9 @@ struct TrainConfig {
   std::string schedule = "1f1b";
   std::string schedule_file;                          // a schedule of one's own, read into:
   std::optional<schedule::Schedule> custom_schedule;  // (schedule_file.h)
-  int64_t virtual_stages = 1;  // stages per worker (schedule::check_schedule_options's rules)
-  int64_t receive_window = 0;  // on ranks: PipelineStageOptions::receive_window (0: automatic)
+  int64_t virtual_stages = 1;    // stages per worker (schedule::check_schedule_options's rules)
+  std::vector<int64_t> balance;  // layers per stage; empty: as even as the layers allow
+  int64_t receive_window = 0;    // on ranks: PipelineStageOptions::receive_window (0: automatic)
   CheckpointMode checkpoint = CheckpointMode::kNever;
   int64_t threads = 1;               // intra-op threads per stage
   std::vector<c10::Device> devices;  // one per stage; on ranks, one per rank
@@ -54,7 +55,8 @@ struct TrainConfig {
   bool resume = false;             // continue from snapshot_dir's last snapshot, if any
   bool quiet = false;              // no progress or summary
   bool simulate = false;           // predict every schedule instead (train_simulate.h)
-  double memory_budget_mib = 0;    // for simulate: activations per worker; 0: any
+  std::string plan = "none";       // none, show or auto (train_plan.h)
+  double memory_budget_mib = 0;    // for simulate and plan: per worker; 0: any
   std::string precision = "fp32";  // fp32, bf16 (autocast) or fp16 (autocast and loss scaling)
   double loss_scale = 65536;       // fp16: the loss scaler's first scale
   double clip_grad_norm = 0;       // clip by the global gradient norm; 0: no clipping

@@ -146,8 +146,16 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
                 "train nothing: profile the model and predict a step of every schedule it allows "
                 "(gpipe/schedule/predict.h)")
       ->group(pipeline);
+  const std::vector<std::string> plans = {"none", "show", "auto"};
+  option(pipeline, "--plan", c.plan,
+         "show: train nothing, rank every schedule, stages per worker, micro-batch count and "
+         "checkpointing with its best balance for the workers of --stages / --virtual-stages "
+         "(gpipe/plan.h); auto: then train with the choice")
+      ->type_name("MODE")
+      ->check(one_of(plans));
   option(pipeline, "--memory-budget", c.memory_budget_mib,
-         "with --simulate: the activations one worker may hold, in MiB (0: any)")
+         "with --simulate: the activations one worker may hold; with --plan: all it may hold, "
+         "parameters, gradients and AdamW's moments too; in MiB (0: any)")
       ->type_name("MIB")
       ->check(CLI::NonNegativeNumber);
   option(pipeline, "--schedule-file", c.schedule_file,
@@ -293,6 +301,14 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
   }
 
   if (!c.schedule_file.empty()) read_schedule_file(*app, c);
+  if (c.plan != "none") {
+    for (const char* chosen : {"--schedule", "--schedule-file", "--chunks", "--checkpoint"}) {
+      if (app->count(chosen) > 0) {
+        throw UsageError(std::string("--plan chooses ") + chosen + " itself: leave it out");
+      }
+    }
+    if (c.simulate) throw UsageError("--plan and --simulate each predict: give one of them");
+  }
 
   if (c.ranks) {
     // One worker per rank.
@@ -308,8 +324,9 @@ TrainConfig parse_train_config(const std::vector<std::string>& args) {
                        std::to_string(c.ranks->world_size) + " ranks (one per rank)");
     }
   } else if (app->count("--receive-window") > 0) {
-    throw UsageError("--receive-window applies to ranks, whose stages exchange messages; on "
-                     "threads they pass tensors");
+    throw UsageError(
+        "--receive-window applies to ranks, whose stages exchange messages; on "
+        "threads they pass tensors");
   }
 
   // A loaded model's layer count is known only once it is read: train() checks it again.

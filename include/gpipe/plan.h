@@ -1,0 +1,133 @@
+// The planner: which schedule, how many stages per worker, where to cut the model, how many
+// micro-batches and whether to checkpoint, for a number of workers under a memory cap per
+// worker - chosen from measured costs rather than guessed.
+//
+// plan() profiles every layer once per micro-batch size it considers (forward; backward split
+// into its input and weight halves; the activations its forward keeps for backward; its input,
+// which is what a checkpoint keeps and what a stage receives; its parameters), then searches
+// every family - schedule kind x stages per worker x micro-batches x checkpoint mode - for its
+// best balance, and ranks the families that fit the cap by predicted step time:
+//
+//   step time  predict() (schedule/predict.h) on the family's schedule with each stage's costs
+//              the sum of its layers'; a checkpointed backward also recomputes the forward.
+//   memory     per worker, the parameters (times param_scale: weights, gradients, optimizer
+//              state) of its layers, plus per stage its most live micro-batches (predict()'s
+//              peak_live_microbatches) times the activations each holds: all of the stage's
+//              layers' without checkpointing, only its input with, plus one micro-batch's whole
+//              activations while a backward recomputes (and the last micro-batch's, spared by
+//              kExceptLast). The stages' peaks are added, as if they coincided.
+//   balance    starts from the partition whose slowest stage is fastest (block_partition), and
+//              from the one whose largest stage is smallest, then moves one layer at a time
+//              across a cut while that lowers the predicted step time (or, over the cap, the
+//              memory): the best balance for the schedule, not only for its slowest stage.
+//
+// Families that cannot run, or that do not fit the cap with any balance found, are listed with
+// the reason. The model must be a Sequential whose layers profile_times() can profile
+// (balance/profile.h); the sample is one whole mini-batch.
+//
+// Thread safety: plan one model at a time, and do not use the model meanwhile (as the profilers
+// of balance/profile.h).
+#pragma once
+
+#include "gpipe/checkpoint.h"
+#include "gpipe/microbatch.h"
+#include "gpipe/schedule/schedule_kind.h"
+
+#include <torch/arg.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace gpipe {
+
+/// Options for plan().
+///
+/// Example:
+///   gpipe::PlanOptions(4).memory_cap(512 << 20).param_scale(4.0)  // 4 workers, Adam
+struct PlanOptions {
+  /* implicit */ PlanOptions(int64_t workers) : workers_(workers) {}
+
+  /// Worker threads or ranks, one device each. Required.
+  TORCH_ARG(int64_t, workers);
+
+  /// Bytes one worker may hold: its parameters (times param_scale) and activations. 0: no cap.
+  TORCH_ARG(int64_t, memory_cap) = 0;
+
+  /// The schedules to consider. Default: every kind (schedule_kind.h).
+  TORCH_ARG(std::vector<schedule::ScheduleKind>, schedules) = schedule::all_schedule_kinds();
+
+  /// The micro-batch counts to consider. Default: the powers of two from the workers' count
+  /// (rounded up) to 8 times it, at most the batch size.
+  TORCH_ARG(std::vector<int64_t>, microbatches) = {};
+
+  /// Stages per worker for the kinds that loop stages (interleaved 1F1B and ZB1P, looped BFS).
+  /// The V kinds always have 2, the others 1. Default: {2, 4}.
+  TORCH_ARG(std::vector<int64_t>, looped_stages_per_worker) = std::vector<int64_t>{2, 4};
+
+  /// Copies of its parameters each layer needs: 2 for weights and gradients, 3 for SGD with
+  /// momentum, 4 for Adam. Default: 2.0.
+  TORCH_ARG(double, param_scale) = 2.0;
+
+  /// The link between two workers, as predict() models it: seconds from a send to its receive
+  /// plus seconds per byte. Default: 0 and 0, the threads of one process.
+  TORCH_ARG(double, latency) = 0;
+  TORCH_ARG(double, seconds_per_byte) = 0;
+
+  /// Profiling passes per layer and micro-batch size; each cost is the median. Default: 3.
+  TORCH_ARG(int64_t, repetitions) = 3;
+};
+
+/// One configuration and what it is predicted to cost.
+struct Plan {
+  schedule::ScheduleKind schedule = schedule::ScheduleKind::kGPipe;
+  int64_t stages_per_worker = 1;
+  /// Layers per stage, stage 0 first (worker_of(placement, stage) runs each).
+  std::vector<int64_t> balance;
+  int64_t microbatches = 1;
+  CheckpointMode checkpoint = CheckpointMode::kNever;
+
+  double step_seconds = 0;
+  double bubble_fraction = 0;
+  /// Per worker: parameters (times param_scale) and activations at their peak.
+  std::vector<int64_t> peak_bytes;
+
+  /// The largest of peak_bytes.
+  int64_t largest_peak_bytes() const;
+  /// "1f1b, 1 stage per worker, 8 micro-batches, checkpoint never".
+  std::string family() const;
+};
+
+/// A family that plan() ruled out, and why.
+struct Rejection {
+  std::string family;
+  std::string reason;
+  /// Over the cap: the bytes its fullest worker holds with the leanest balance found; else 0.
+  int64_t peak_bytes = 0;
+};
+
+/// What plan() found.
+struct PlanReport {
+  /// The families that fit the cap, each with its best balance, fastest first.
+  std::vector<Plan> plans;
+  std::vector<Rejection> rejected;
+  /// How long profiling and the search took.
+  double profile_seconds = 0;
+  double search_seconds = 0;
+
+  /// The fastest plan. Throws c10::ValueError, with the rejections, if none fits.
+  const Plan& best() const;
+};
+
+/// Profiles `model` on `sample` (one mini-batch) and searches as the top of this file says.
+/// Throws c10::ValueError for fewer than one worker, a negative cap, no schedules, a
+/// micro-batch count below 1 or above the batch size, param_scale below 0, a negative link, or
+/// fewer than one repetition; and as profile_times() for a model it cannot profile.
+PlanReport plan(torch::nn::Sequential model, const Batch& sample, const PlanOptions& options);
+
+/// The report as a table: the plans (at most `rows`), then the rejections.
+std::ostream& operator<<(std::ostream& out, const PlanReport& report);
+
+}  // namespace gpipe

@@ -1,0 +1,83 @@
+#include "balance/layer_sandbox.h"
+
+#include "detail/stream.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/module.h>
+
+namespace gpipe {
+namespace balance {
+
+LayerSandbox::LayerSandbox(size_t index, const std::string& name, const torch::nn::AnyModule& layer,
+                           c10::Device device) {
+  torch::nn::AnyModule copy;
+  try {
+    copy = layer.clone(device);
+  } catch (const c10::Error& error) {
+    if (std::string(error.what()).find("clone() has not been implemented") == std::string::npos) {
+      throw;
+    }
+    copy = layer;
+    in_place_ = layer.ptr();
+  }
+  if (in_place_) {
+    for (const auto& tensor : in_place_->parameters()) save(index, tensor, device);
+    for (const auto& tensor : in_place_->buffers()) save(index, tensor, device);
+    for (const auto& module : in_place_->modules()) {
+      modes_.emplace_back(module, module->is_training());
+    }
+  }
+  copy.ptr()->train(true);
+  sequential_->push_back(name, std::move(copy));
+}
+
+LayerSandbox::~LayerSandbox() {
+  if (!in_place_) return;
+  torch::NoGradGuard no_grad;
+  for (auto& [tensor, value] : saved_) {
+    tensor.copy_(value);
+    if (tensor.grad().defined()) tensor.mutable_grad() = at::Tensor();
+  }
+  for (auto& [module, training] : modes_) module->train(training);  // parents before children
+}
+
+void LayerSandbox::save(size_t index, const at::Tensor& tensor, c10::Device device) {
+  TORCH_CHECK_VALUE(!tensor.defined() || tensor.device() == device, "layer ", index,
+                    " cannot be cloned for profiling (it is no torch::nn::Cloneable) and is on ",
+                    tensor.device(), ", not on the profiling device ", device);
+  if (tensor.defined()) saved_.emplace_back(tensor, tensor.detach().clone());
+}
+
+void detach(Batch& batch) {
+  for (const auto k : c10::irange(batch.size())) {
+    const bool requires_grad = batch[k].requires_grad();
+    batch[k] = batch[k].detach().requires_grad_(requires_grad);
+  }
+}
+
+Batch to_device(const Batch& sample, c10::Device device) {
+  Batch batch = sample;
+  for (const auto k : c10::irange(batch.size())) {
+    const bool requires_grad = batch[k].requires_grad();
+    batch[k] = batch[k].detach().to(device).requires_grad_(requires_grad);
+  }
+  return batch;
+}
+
+void check_no_gradients(torch::nn::Sequential& module) {
+  for (const auto& parameter : module->named_parameters()) {
+    TORCH_CHECK_VALUE(!parameter.value().grad().defined(), "some parameter already has gradient ('",
+                      parameter.key(),
+                      "'): profiling would accumulate into it; zero_grad(/*set_to_none=*/true) it");
+  }
+}
+
+void synchronize(c10::Device device) {
+  if (device.is_cpu()) return;
+  detail::current_stream(device).synchronize();
+}
+
+}  // namespace balance
+}  // namespace gpipe

@@ -1,0 +1,57 @@
+// A layer ready to be profiled alone, and the helpers the profilers share (balance/profile.h,
+// plan.h): a copy of the layer in training mode, or the layer itself where it cannot be cloned,
+// restored afterwards.
+#pragma once
+
+#include "gpipe/microbatch.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gpipe {
+namespace balance {
+
+// One layer, ready to be profiled on `device` in training mode: a clone, or the layer itself
+// when it cannot be cloned, restored (values, gradients, modes) when the sandbox goes.
+class LayerSandbox {
+ public:
+  LayerSandbox(size_t index, const std::string& name, const torch::nn::AnyModule& layer,
+               c10::Device device);
+  ~LayerSandbox();
+  LayerSandbox(const LayerSandbox&) = delete;
+  LayerSandbox& operator=(const LayerSandbox&) = delete;
+
+  /// A Sequential of the one layer.
+  torch::nn::Sequential& sequential() { return sequential_; }
+
+ private:
+  void save(size_t index, const at::Tensor& tensor, c10::Device device);
+
+  torch::nn::Sequential sequential_;
+  std::shared_ptr<torch::nn::Module> in_place_;           // set when profiled in place
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved_;  // (tensor, its value before)
+  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> modes_;
+};
+
+/// Cuts the batch from the graph that made it, keeping which tensors require grad.
+void detach(Batch& batch);
+
+/// A copy of `sample` on `device`, cut from its graph, keeping which tensors require grad.
+Batch to_device(const Batch& sample, c10::Device device);
+
+/// Throws c10::ValueError if a parameter of `module` has a gradient, which profiling would
+/// accumulate into.
+void check_no_gradients(torch::nn::Sequential& module);
+
+/// Waits for `device`'s current stream (nothing on the CPU).
+void synchronize(c10::Device device);
+
+}  // namespace balance
+}  // namespace gpipe

@@ -1,0 +1,317 @@
+#include "gpipe/plan.h"
+
+#include "gpipe/balance/block_partition.h"
+#include "gpipe/schedule/generators.h"
+#include "gpipe/schedule/predict.h"
+#include "plan/layer_costs.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <sstream>
+
+namespace gpipe {
+namespace {
+
+using schedule::ScheduleKind;
+using LayerCosts = plan_detail::LayerCosts;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kRowsShown = 12;
+constexpr const char* kFitsWithout = "it fits without checkpointing, and recomputing adds time";
+
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / 1048576.0);
+  return text;
+}
+
+void check(const PlanOptions& options, int64_t batch_size) {
+  TORCH_CHECK_VALUE(options.workers() >= 1,
+                    "workers must be positive (workers: ", options.workers(), ")");
+  TORCH_CHECK_VALUE(options.memory_cap() >= 0,
+                    "memory_cap must not be negative (memory_cap: ", options.memory_cap(), ")");
+  TORCH_CHECK_VALUE(!options.schedules().empty(), "schedules is empty: name at least one");
+  for (const int64_t m : options.microbatches()) {
+    TORCH_CHECK_VALUE(m >= 1 && m <= batch_size, "a micro-batch count must be in [1, ", batch_size,
+                      "], the batch size (microbatches: ", m, ")");
+  }
+  for (const int64_t v : options.looped_stages_per_worker()) {
+    TORCH_CHECK_VALUE(v >= 1, "looped_stages_per_worker must be positive (", v, ")");
+  }
+  TORCH_CHECK_VALUE(options.param_scale() >= 0,
+                    "param_scale must not be negative (param_scale: ", options.param_scale(), ")");
+  TORCH_CHECK_VALUE(options.latency() >= 0 && options.seconds_per_byte() >= 0,
+                    "the link must not be negative (latency: ", options.latency(),
+                    ", seconds_per_byte: ", options.seconds_per_byte(), ")");
+  TORCH_CHECK_VALUE(options.repetitions() >= 1,
+                    "repetitions must be positive (repetitions: ", options.repetitions(), ")");
+}
+
+std::vector<int64_t> microbatch_counts(const PlanOptions& options, int64_t batch_size) {
+  if (!options.microbatches().empty()) return options.microbatches();
+  std::vector<int64_t> counts;
+  int64_t m = 1;
+  while (m < options.workers()) m *= 2;
+  for (; m <= 8 * options.workers() && m <= batch_size; m *= 2) counts.push_back(m);
+  if (counts.empty()) counts.push_back(batch_size);  // fewer samples than workers
+  return counts;
+}
+
+// One family - schedule kind, stages per worker, micro-batches, checkpoint mode - with its
+// schedule and its layers' costs, evaluated for any balance.
+class Family {
+ public:
+  Family(Plan shape, schedule::Schedule schedule, const std::vector<LayerCosts>& layers,
+         const PlanOptions& options)
+      : shape_(std::move(shape)),
+        schedule_(std::move(schedule)),
+        layers_(layers),
+        options_(options) {}
+
+  // The plan for `balance`: predicted step, bubble, and each worker's peak bytes.
+  Plan evaluate(const std::vector<int64_t>& balance) const {
+    const int64_t S = schedule_.num_stages;
+    schedule::ActionCosts costs;
+    costs.latency = options_.latency();
+    costs.seconds_per_byte = options_.seconds_per_byte();
+    std::vector<int64_t> first(S + 1, 0);  // stage s holds layers [first[s], first[s + 1])
+    for (const auto s : c10::irange(S)) first[s + 1] = first[s] + balance[s];
+    const double recomputed = shape_.checkpoint == CheckpointMode::kAlways ? 1.0
+                              : shape_.checkpoint == CheckpointMode::kExceptLast
+                                  ? static_cast<double>(shape_.microbatches - 1) /
+                                        static_cast<double>(shape_.microbatches)
+                                  : 0.0;
+    for (const auto s : c10::irange(S)) {
+      double forward = 0, input = 0, weight = 0;
+      for (int64_t k = first[s]; k < first[s + 1]; ++k) {
+        forward += layers_[k].forward;
+        input += layers_[k].backward_input;
+        weight += layers_[k].backward_weight;
+      }
+      costs.forward.push_back(forward);
+      costs.backward_input.push_back(input + recomputed * forward);
+      costs.backward_weight.push_back(weight);
+      costs.backward.push_back(input + weight + recomputed * forward);
+      const bool last = s + 1 == S;
+      costs.message_bytes.push_back(last ? 0 : layers_[first[s + 1]].input_bytes);
+    }
+    const schedule::Prediction prediction = schedule::predict(schedule_, costs);
+
+    Plan plan = shape_;
+    plan.balance = balance;
+    plan.step_seconds = prediction.step_time;
+    plan.bubble_fraction = prediction.bubble_fraction;
+    plan.peak_bytes.assign(schedule_.num_workers, 0);
+    for (const auto s : c10::irange(S)) {
+      int64_t activations = 0, parameters = 0;
+      for (int64_t k = first[s]; k < first[s + 1]; ++k) {
+        activations += layers_[k].activation_bytes;
+        parameters += layers_[k].parameter_bytes;
+      }
+      const int64_t live = prediction.peak_live_microbatches[s];
+      const int64_t kept = layers_[first[s]].input_bytes;
+      int64_t held = live * activations;
+      if (shape_.checkpoint == CheckpointMode::kAlways) {
+        held = live * kept + activations;  // one recomputation at a time
+      } else if (shape_.checkpoint == CheckpointMode::kExceptLast) {
+        held = live * kept + 2 * activations;  // and the last micro-batch whole
+      }
+      plan.peak_bytes[schedule_.worker_of(s)] +=
+          held + static_cast<int64_t>(options_.param_scale() * static_cast<double>(parameters));
+    }
+    return plan;
+  }
+
+  // How far over the cap `plan` is, 0 within it.
+  int64_t excess(const Plan& plan) const {
+    if (options_.memory_cap() == 0) return 0;
+    return std::max<int64_t>(0, plan.largest_peak_bytes() - options_.memory_cap());
+  }
+
+  // Better: within the cap before over it, then faster; over the cap, less over.
+  bool better(const Plan& a, const Plan& b) const {
+    const int64_t over_a = excess(a), over_b = excess(b);
+    if (over_a != over_b) return over_a < over_b;
+    return a.step_seconds < b.step_seconds;
+  }
+
+  // From each start, moves one layer across one cut at a time while that makes a better plan.
+  Plan search() const {
+    const int64_t S = schedule_.num_stages;
+    std::vector<int64_t> time, size;
+    for (const auto& layer : layers_) {
+      time.push_back(static_cast<int64_t>(
+          1e9 * (layer.forward + layer.backward_input + layer.backward_weight)));
+      size.push_back(layer.activation_bytes + layer.parameter_bytes);
+    }
+    Plan best = evaluate(balance::block_partition(time, S));
+    for (const auto& start : {best.balance, balance::block_partition(size, S)}) {
+      Plan current = evaluate(start);
+      for (bool moved = true; moved;) {
+        moved = false;
+        for (int64_t cut = 0; cut + 1 < S; ++cut) {
+          for (const int64_t shift : {-1, 1}) {  // -1: stage `cut` gives its last layer on
+            std::vector<int64_t> balance = current.balance;
+            balance[cut] += shift;
+            balance[cut + 1] -= shift;
+            if (balance[cut] < 1 || balance[cut + 1] < 1) continue;
+            Plan candidate = evaluate(balance);
+            if (better(candidate, current)) current = std::move(candidate), moved = true;
+          }
+        }
+      }
+      if (better(current, best)) best = std::move(current);
+    }
+    return best;
+  }
+
+ private:
+  Plan shape_;
+  schedule::Schedule schedule_;
+  const std::vector<LayerCosts>& layers_;
+  const PlanOptions& options_;
+};
+
+}  // namespace
+
+int64_t Plan::largest_peak_bytes() const {
+  return peak_bytes.empty() ? 0 : *std::max_element(peak_bytes.begin(), peak_bytes.end());
+}
+
+std::string Plan::family() const {
+  return c10::str(schedule, ", ", stages_per_worker, " stage", stages_per_worker == 1 ? "" : "s",
+                  " per worker, ", microbatches, " micro-batches, checkpoint ", checkpoint);
+}
+
+const Plan& PlanReport::best() const {
+  if (!plans.empty()) return plans.front();
+  std::ostringstream reasons;
+  for (const auto& r : rejected) reasons << "\n  " << r.family << ": " << r.reason;
+  TORCH_CHECK_VALUE(false, "no plan fits:", reasons.str());
+}
+
+PlanReport plan(torch::nn::Sequential model, const Batch& sample, const PlanOptions& options) {
+  TORCH_CHECK_VALUE(sample.size() > 0, "the sample has no tensor");
+  const int64_t batch_size = sample[0].size(0);
+  check(options, batch_size);
+  const int64_t W = options.workers(), L = static_cast<int64_t>(model->size());
+  PlanReport report;
+
+  // Profile once per micro-batch size (the first micro-batch's: the largest).
+  auto begun = Clock::now();
+  std::map<int64_t, std::vector<LayerCosts>> costs;  // micro-batches -> each layer's costs
+  for (const int64_t m : microbatch_counts(options, batch_size)) {
+    costs[m] =
+        plan_detail::profile_layer_costs(model, scatter(sample, m)[0], options.repetitions());
+  }
+  report.profile_seconds = std::chrono::duration<double>(Clock::now() - begun).count();
+
+  begun = Clock::now();
+  for (const ScheduleKind kind : options.schedules()) {
+    std::vector<int64_t> per_worker{1};
+    if (schedule::placement_of(kind) == schedule::Placement::kV) per_worker = {2};
+    if (schedule::loops_stages(kind)) per_worker = options.looped_stages_per_worker();
+    std::vector<CheckpointMode> modes{CheckpointMode::kNever};
+    if (!schedule::splits_backward(kind)) {
+      modes.push_back(CheckpointMode::kExceptLast);
+      modes.push_back(CheckpointMode::kAlways);
+    }
+    for (const int64_t v : per_worker) {
+      const int64_t S = v * W;
+      for (const auto& [m, layers] : costs) {
+        Plan shape;
+        shape.schedule = kind;
+        shape.stages_per_worker = v;
+        shape.microbatches = m;
+        const std::string shape_name = c10::str(kind, ", ", v, " stage", v == 1 ? "" : "s",
+                                                " per worker, ", m, " micro-batches");
+        if (S > L) {
+          report.rejected.push_back(
+              {shape_name, c10::str("more stages (", S, ") than layers (", L, ")")});
+          continue;
+        }
+        const int64_t least = schedule::min_microbatches(kind, S);
+        if (m < least) {
+          report.rejected.push_back(
+              {shape_name, c10::str("too few micro-batches: needs at least ", least)});
+          continue;
+        }
+        const schedule::Schedule plan_schedule = schedule::make_schedule(kind, W, S, m);
+        for (const CheckpointMode mode : modes) {
+          shape.checkpoint = mode;
+          const Family family(shape, plan_schedule, layers, options);
+          Plan best = family.search();
+          if (family.excess(best) > 0) {
+            report.rejected.push_back(
+                {shape.family(),
+                 c10::str("over the cap: needs ", mib(best.largest_peak_bytes()),
+                          " on a worker, the cap is ", mib(options.memory_cap())),
+                 best.largest_peak_bytes()});
+            continue;
+          }
+          report.plans.push_back(std::move(best));
+          if (mode == CheckpointMode::kNever) {
+            for (const CheckpointMode slower :
+                 {CheckpointMode::kExceptLast, CheckpointMode::kAlways}) {
+              if (modes.size() == 1) break;
+              shape.checkpoint = slower;
+              report.rejected.push_back({shape.family(), kFitsWithout});
+            }
+            break;
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(report.plans.begin(), report.plans.end(),
+                   [](const Plan& a, const Plan& b) { return a.step_seconds < b.step_seconds; });
+  report.search_seconds = std::chrono::duration<double>(Clock::now() - begun).count();
+  return report;
+}
+
+std::ostream& operator<<(std::ostream& out, const PlanReport& report) {
+  char line[256];
+  std::snprintf(line, sizeof(line), "%-3s %-17s %6s %6s %-12s %12s %8s %14s  %s\n", "#", "schedule",
+                "stages", "micro", "checkpoint", "step", "bubble", "peak / worker", "balance");
+  out << line;
+  const size_t shown = std::min<size_t>(report.plans.size(), kRowsShown);
+  for (const auto k : c10::irange(shown)) {
+    const Plan& p = report.plans[k];
+    std::ostringstream balance;
+    for (const auto s : c10::irange(p.balance.size())) balance << (s ? "," : "") << p.balance[s];
+    std::snprintf(line, sizeof(line), "%-3zu %-17s %6lld %6lld %-12s %9.2f ms %7.1f%% %14s  %s\n",
+                  k + 1, c10::str(p.schedule).c_str(), static_cast<long long>(p.balance.size()),
+                  static_cast<long long>(p.microbatches), c10::str(p.checkpoint).c_str(),
+                  1e3 * p.step_seconds, 100 * p.bubble_fraction,
+                  mib(p.largest_peak_bytes()).c_str(), balance.str().c_str());
+    out << line;
+  }
+  if (shown < report.plans.size()) {
+    out << "... and " << report.plans.size() - shown << " slower plans\n";
+  }
+  int64_t fit_without = 0;
+  for (const auto& r : report.rejected) {
+    if (r.reason == kFitsWithout) {
+      ++fit_without;
+    } else {
+      out << "ruled out: " << r.family << ": " << r.reason << "\n";
+    }
+  }
+  if (fit_without > 0) {
+    out << "ruled out: " << fit_without << " checkpointed families that fit without "
+        << "checkpointing (recomputing adds time)\n";
+  }
+  std::snprintf(line, sizeof(line), "profiled in %.2f s, searched in %.2f s\n",
+                report.profile_seconds, report.search_seconds);
+  return out << line;
+}
+
+}  // namespace gpipe

@@ -1,0 +1,180 @@
+// The planner (gpipe/plan.h): what it ranks, what the cap rules out and why, and its choices
+// under a tight cap and on uneven layers.
+#include "test_util.h"
+
+#include "gpipe/balance/balance.h"
+#include "gpipe/plan.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <numeric>
+
+namespace gpipe {
+namespace plan_test {
+namespace {
+
+using schedule::ScheduleKind;
+
+// `layers` x (Linear(width) + ReLU), as one Sequential of 2 x layers layers.
+torch::nn::Sequential mlp(int64_t layers, int64_t width) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int64_t k = 0; k < layers; ++k) {
+    model->push_back(torch::nn::Linear(width, width));
+    model->push_back(torch::nn::ReLU());
+  }
+  return model;
+}
+
+PlanOptions quick(int64_t workers) {
+  return PlanOptions(workers)
+      .schedules({ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble})
+      .microbatches({2, 4})
+      .repetitions(1);
+}
+
+bool any_reason_contains(const PlanReport& report, const std::string& text) {
+  return std::any_of(report.rejected.begin(), report.rejected.end(),
+                     [&](const Rejection& r) { return r.reason.find(text) != std::string::npos; });
+}
+
+TEST(PlanTest, RanksWholePlansFastestFirst) {
+  const auto model = mlp(4, 32);
+  const PlanReport report = plan(model, torch::randn({32, 32}), quick(2));
+  ASSERT_FALSE(report.plans.empty());
+  for (size_t k = 0; k < report.plans.size(); ++k) {
+    const Plan& p = report.plans[k];
+    if (k > 0) EXPECT_LE(report.plans[k - 1].step_seconds, p.step_seconds);
+    EXPECT_EQ(static_cast<int64_t>(p.balance.size()), 2 * p.stages_per_worker);
+    EXPECT_EQ(std::accumulate(p.balance.begin(), p.balance.end(), int64_t{0}), 8);
+    EXPECT_TRUE(std::all_of(p.balance.begin(), p.balance.end(), [](int64_t b) { return b > 0; }));
+    EXPECT_EQ(p.peak_bytes.size(), 2u);
+    EXPECT_GT(p.step_seconds, 0);
+    EXPECT_GE(p.bubble_fraction, 0);
+    EXPECT_LT(p.bubble_fraction, 1);
+  }
+  // Without a cap, checkpointing only adds time: every family plans without it.
+  for (const Plan& p : report.plans) EXPECT_EQ(p.checkpoint, CheckpointMode::kNever);
+  EXPECT_TRUE(any_reason_contains(report, "fits without checkpointing"));
+  EXPECT_EQ(&report.best(), &report.plans.front());
+  EXPECT_GT(report.profile_seconds, 0);
+}
+
+// Under a cap of one byte nothing fits, and each family says what its leanest balance needs:
+// per family, that need.
+std::map<std::string, int64_t> least_needs(const torch::nn::Sequential& model,
+                                           const torch::Tensor& sample, PlanOptions options) {
+  const PlanReport none = plan(model, sample, options.memory_cap(1));
+  EXPECT_TRUE(none.plans.empty());
+  std::map<std::string, int64_t> needs;
+  for (const Rejection& r : none.rejected) {
+    if (r.peak_bytes > 0) needs[r.family] = r.peak_bytes;
+  }
+  return needs;
+}
+
+TEST(PlanTest, ACapRulesOutWhatIsOverItAndSaysSo) {
+  const auto model = mlp(4, 32);
+  const torch::Tensor sample = torch::randn({64, 32});
+  std::vector<int64_t> needs;
+  for (const auto& [family, need] : least_needs(model, sample, quick(2))) needs.push_back(need);
+  std::sort(needs.begin(), needs.end());
+  ASSERT_LT(needs.front(), needs.back());
+  const int64_t cap = (needs.front() + needs.back()) / 2;
+
+  const PlanReport capped = plan(model, sample, quick(2).memory_cap(cap));
+  ASSERT_FALSE(capped.plans.empty());
+  for (const Plan& p : capped.plans) EXPECT_LE(p.largest_peak_bytes(), cap) << p.family();
+  EXPECT_TRUE(any_reason_contains(capped, "over the cap"));
+}
+
+TEST(PlanTest, UnderATightCapItCheckpoints) {
+  // Blocks that widen 16 -> 512 and narrow back: a checkpoint keeps a 16-wide input where the
+  // forward keeps 512-wide activations. Weights left out (param_scale 0): activations decide.
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int k = 0; k < 4; ++k) {
+    model->push_back(torch::nn::Linear(16, 512));
+    model->push_back(torch::nn::ReLU());
+    model->push_back(torch::nn::Linear(512, 16));
+  }
+  const torch::Tensor sample = torch::randn({256, 16});
+  const PlanOptions options = quick(2).microbatches({4}).param_scale(0);
+  int64_t never = std::numeric_limits<int64_t>::max(), checkpointed = never;
+  for (const auto& [family, need] : least_needs(model, sample, options)) {
+    int64_t& least = family.find("checkpoint never") != std::string::npos ? never : checkpointed;
+    least = std::min(least, need);
+  }
+  ASSERT_LT(checkpointed, never) << "checkpointing should need less memory here";
+
+  const PlanReport tight = plan(model, sample, PlanOptions(options).memory_cap(never - 1));
+  ASSERT_FALSE(tight.plans.empty());
+  EXPECT_NE(tight.best().checkpoint, CheckpointMode::kNever);
+  EXPECT_LE(tight.best().largest_peak_bytes(), never - 1);
+  EXPECT_TRUE(any_reason_contains(tight, "over the cap"));
+}
+
+TEST(PlanTest, NoPlanFitsNamesEveryReason) {
+  const PlanReport report = plan(mlp(2, 8), torch::randn({8, 8}), quick(2).memory_cap(1));
+  EXPECT_TRUE(report.plans.empty());
+  GPIPE_EXPECT_THROW_WITH(report.best(), c10::ValueError, "no plan fits");
+  GPIPE_EXPECT_THROW_WITH(report.best(), c10::ValueError, "over the cap");
+}
+
+TEST(PlanTest, FamiliesThatCannotRunAreRuledOutWithTheReason) {
+  // 4 layers on 4 workers: the V kinds need 8 stages; DualPipeV needs 8 micro-batches.
+  const PlanReport report =
+      plan(mlp(2, 8), torch::randn({8, 8}),
+           PlanOptions(4)
+               .schedules({ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleV})
+               .microbatches({4})
+               .repetitions(1));
+  EXPECT_TRUE(any_reason_contains(report, "more stages (8) than layers (4)"));
+  ASSERT_FALSE(report.plans.empty());
+  EXPECT_EQ(report.best().schedule, ScheduleKind::kOneFOneB);
+
+  const PlanReport few =
+      plan(mlp(4, 8), torch::randn({8, 8}),
+           PlanOptions(2).schedules({ScheduleKind::kDualPipeV}).microbatches({2}).repetitions(1));
+  EXPECT_TRUE(any_reason_contains(few, "too few micro-batches: needs at least 4"));
+}
+
+TEST(PlanTest, BalancesUnevenLayersByTheirCost) {
+  // Three heavy layers first, then five light ones: an even split of 4 + 4 layers would put
+  // nearly all the work on the first worker.
+  torch::manual_seed(0);
+  torch::nn::Sequential uneven;
+  uneven->push_back(torch::nn::Linear(64, 512));
+  uneven->push_back(torch::nn::Linear(512, 512));
+  uneven->push_back(torch::nn::Linear(512, 64));
+  for (int k = 0; k < 5; ++k) uneven->push_back(torch::nn::Linear(64, 64));
+  const PlanReport report =
+      plan(uneven, torch::randn({256, 64}),
+           PlanOptions(2).schedules({ScheduleKind::kOneFOneB}).microbatches({4}).repetitions(3));
+  const std::vector<int64_t> balance = report.best().balance;
+  ASSERT_EQ(balance.size(), 2u);
+  EXPECT_LT(balance[0], 4) << "the heavy layers should share no stage with many light ones";
+}
+
+TEST(PlanTest, BadOptionsAreNamed) {
+  const auto model = mlp(2, 8);
+  const torch::Tensor sample = torch::randn({8, 8});
+  GPIPE_EXPECT_THROW_WITH(plan(model, sample, PlanOptions(0)), c10::ValueError, "workers: 0");
+  GPIPE_EXPECT_THROW_WITH(plan(model, sample, PlanOptions(2).memory_cap(-1)), c10::ValueError,
+                          "memory_cap: -1");
+  GPIPE_EXPECT_THROW_WITH(plan(model, sample, PlanOptions(2).schedules({})), c10::ValueError,
+                          "schedules is empty");
+  GPIPE_EXPECT_THROW_WITH(plan(model, sample, PlanOptions(2).microbatches({9})), c10::ValueError,
+                          "microbatches: 9");
+  GPIPE_EXPECT_THROW_WITH(plan(model, sample, PlanOptions(2).param_scale(-1)), c10::ValueError,
+                          "param_scale: -1");
+  GPIPE_EXPECT_THROW_WITH(plan(model, sample, PlanOptions(2).repetitions(0)), c10::ValueError,
+                          "repetitions: 0");
+}
+
+}  // namespace
+}  // namespace plan_test
+}  // namespace gpipe

@@ -1,0 +1,54 @@
+#include "train_plan.h"
+
+#include "text_corpus.h"
+
+#include <c10/util/StringUtil.h>
+#include <torch/torch.h>
+
+namespace gpipe {
+namespace cli {
+
+Plan plan_training(const TrainConfig& c, std::ostream& out) {
+  if (c.ranks) {
+    throw UsageError(
+        "--plan profiles and plans worker threads of one process: run it without "
+        "a launcher, then give the ranks its choice");
+  }
+  torch::manual_seed(static_cast<uint64_t>(c.seed));
+  models::CharGPTOptions options;
+  const torch::nn::Sequential model = make_model(c, options);
+  const TextCorpus corpus = TextCorpus::load(c.data, options.block_size() + 1);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.seed) + 1);
+  const at::Tensor input = corpus.batch(c.batch_size, options.block_size(), generator).first;
+
+  const int64_t workers = c.stages / c.virtual_stages;
+  at::set_num_threads(static_cast<int>(c.threads));  // as each worker will run
+  const PlanReport report =
+      plan(model, input,
+           PlanOptions(workers)
+               .memory_cap(static_cast<int64_t>(c.memory_budget_mib * 1048576.0))
+               .param_scale(4.0));  // weights, gradients and AdamW's two moments
+  out << "gpipe train --plan: " << workers << " worker threads, batch " << c.batch_size
+      << (c.memory_budget_mib > 0 ? c10::str(", at most ", c.memory_budget_mib, " MiB a worker")
+                                  : std::string())
+      << "\n"
+      << report;
+  const Plan& best = report.best();
+  out << "choice: " << best.family() << ", balance";
+  for (const auto b : best.balance) out << " " << b;
+  out << "\n";
+  return best;
+}
+
+TrainConfig with_plan(TrainConfig c, const Plan& plan) {
+  c.schedule = c10::str(plan.schedule);
+  c.virtual_stages = plan.stages_per_worker;
+  c.stages = static_cast<int64_t>(plan.balance.size());
+  c.chunks = plan.microbatches;
+  c.checkpoint = plan.checkpoint;
+  c.balance = plan.balance;
+  return c;
+}
+
+}  // namespace cli
+}  // namespace gpipe
