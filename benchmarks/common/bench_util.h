@@ -11,6 +11,7 @@
 #include "launcher.h"
 
 #include <c10/util/irange.h>
+#include <torch/cuda.h>
 #include <nlohmann/json.hpp>
 
 #include <dlfcn.h>
@@ -200,6 +201,11 @@ inline std::string default_python() {
   if (const char* venv = std::getenv("GPIPE_VENV")) return std::string(venv) + "/bin/python";
   const char* home = std::getenv("HOME");
   return std::string(home ? home : "/root") + "/.cache/gpipe/venv/bin/python";
+}
+
+/// Waits for `device`'s work (nothing on the CPU, whose work is done when it returns).
+inline void synchronize(const c10::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {

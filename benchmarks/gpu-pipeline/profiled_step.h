@@ -4,9 +4,10 @@
 // torchgpipe_side.py writes the same for torchgpipe with torch.profiler.
 #pragma once
 
+#include "common/bench_util.h"
+
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
-#include <torch/cuda.h>
 
 #include <functional>
 #include <set>
@@ -32,7 +33,7 @@ inline void profile_step(const std::function<void()>& step, const c10::Device& d
   {
     RECORD_USER_SCOPE("gpu_pipeline::step");
     step();
-    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+    synchronize(device);
   }
   torch::autograd::profiler::disableProfiler()->save(path);
 }

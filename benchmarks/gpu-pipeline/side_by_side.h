@@ -40,10 +40,6 @@ struct Measurement {
 
 using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
 
-inline void synchronize(const c10::Device& device) {
-  if (device.is_cuda()) torch::cuda::synchronize(device.index());
-}
-
 /// One step's time and its peak memory above what `device` held before it.
 inline Measurement time_step(const std::function<void()>& step, const c10::Device& device) {
   PeakMeter meter({device});
@@ -85,13 +81,8 @@ class SideBySide {
     input_ = torch::randn(model.input);
     target_ = model.target.empty() ? torch::randint(model.classes, {model.input[0]}, torch::kLong)
                                    : torch::randn(model.target);
-    const std::string state = peer ? save_state() : "";
-    nlohmann::json setup{{"op", "setup"},
-                         {"model", model.twin},
-                         {"options", model.options},
-                         {"state", state},
-                         {"device", device.str()},
-                         {"threads", at::get_num_threads()}};
+    const torch::Tensor input = input_.to(device), target = target_.to(device);
+    std::string state;  // the weights the peer loads: the plain model's before its first step
     for (const int64_t partitions : {0, 2, 4, 8}) {
       Contender contender;
       contender.name = partitions ? "pipeline-" + std::to_string(partitions) : "plain";
@@ -99,6 +90,7 @@ class SideBySide {
       torch::nn::Sequential sequential = model.build();
       std::shared_ptr<torch::nn::Module> module = sequential.ptr();
       if (partitions == 0) {
+        if (peer) state = save_state(*sequential);
         sequential->to(device);
         contender.forward = [sequential](const torch::Tensor& x) mutable {
           return sequential->forward(x);
@@ -113,17 +105,25 @@ class SideBySide {
         module = pipe.ptr();
         contender.forward = [pipe](const torch::Tensor& x) mutable { return pipe->forward(x); };
       }
-      const torch::Tensor input = input_.to(device), target = target_.to(device);
       contender.loss = loss_of(contender.forward(input), target).item<double>();
       contender.step = training_step(contender.forward, module->parameters(), input, target);
-      setup["contenders"].push_back({{"name", contender.name},
-                                     {"balance", contender.balance},
-                                     {"chunks", kChunks},
-                                     {"checkpoint", "except_last"}});
       contenders_.push_back(std::move(contender));
     }
-    contenders_.push_back(arithmetic(input_.to(device), target_.to(device)));
+    contenders_.push_back(arithmetic(input, target));
     if (peer_) {
+      nlohmann::json setup{{"op", "setup"},
+                           {"model", model.twin},
+                           {"options", model.options},
+                           {"state", state},
+                           {"device", device.str()},
+                           {"threads", at::get_num_threads()}};
+      for (const auto& contender : contenders_) {
+        if (!contender.on_peer) continue;
+        setup["contenders"].push_back({{"name", contender.name},
+                                       {"balance", contender.balance},
+                                       {"chunks", kChunks},
+                                       {"checkpoint", "except_last"}});
+      }
       const nlohmann::json reply = peer_->request(setup);
       unlink(state.c_str());
       for (auto& contender : contenders_) {
@@ -327,14 +327,12 @@ class SideBySide {
 
   // The model's weights (parameters and buffers, as named here, each prefixed "model."), the
   // input and the target, in a file that torch.load reads (torch::pickle_save's format).
-  std::string save_state() const {
-    torch::manual_seed(0);
-    torch::nn::Sequential sequential = model_.build();
+  std::string save_state(const torch::nn::Module& model) const {
     c10::Dict<std::string, at::Tensor> state;
-    for (const auto& item : sequential->named_parameters()) {
+    for (const auto& item : model.named_parameters()) {
       state.insert("model." + item.key(), item.value().detach());
     }
-    for (const auto& item : sequential->named_buffers()) {
+    for (const auto& item : model.named_buffers()) {
       state.insert("model." + item.key(), item.value());
     }
     state.insert("input", input_);

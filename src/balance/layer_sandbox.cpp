@@ -1,11 +1,14 @@
 #include "balance/layer_sandbox.h"
 
 #include "detail/stream.h"
+#include "gpipe/memory.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/module.h>
+
+#include <unordered_set>
 
 namespace gpipe {
 namespace balance {
@@ -77,6 +80,25 @@ void check_no_gradients(torch::nn::Sequential& module) {
 void synchronize(c10::Device device) {
   if (device.is_cpu()) return;
   detail::current_stream(device).synchronize();
+}
+
+c10::Device memory_profiling_device(const Batch& sample) {
+  const c10::Device device = detail::normalize_device(sample[0].device());
+  if (device.is_cuda()) return device;
+  memory::install_tracking_cpu_allocator();
+  return c10::Device(c10::kCPU);
+}
+
+int64_t parameter_bytes(torch::nn::Sequential& module) {
+  std::unordered_set<const void*> storages;
+  int64_t bytes = 0;
+  for (const auto& parameter : module->parameters()) {
+    const auto& storage = parameter.storage();
+    if (storages.insert(storage.unsafeGetStorageImpl()).second) {
+      bytes += static_cast<int64_t>(storage.nbytes());
+    }
+  }
+  return bytes;
 }
 
 }  // namespace balance

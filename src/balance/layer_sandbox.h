@@ -10,6 +10,7 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -52,6 +53,13 @@ void check_no_gradients(torch::nn::Sequential& module);
 
 /// Waits for `device`'s current stream (nothing on the CPU).
 void synchronize(c10::Device device);
+
+/// Where the memory of a profile of `sample` is measured: its CUDA device (the caching
+/// allocator), else the CPU, whose tracking allocator this installs if it was not.
+c10::Device memory_profiling_device(const Batch& sample);
+
+/// The bytes of `module`'s parameters, each storage once.
+int64_t parameter_bytes(torch::nn::Sequential& module);
 
 }  // namespace balance
 }  // namespace gpipe

@@ -14,7 +14,6 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <unordered_set>
 #include <utility>
 
 namespace gpipe {
@@ -85,10 +84,7 @@ std::vector<int64_t> profile_sizes(torch::nn::Sequential module, const Batch& sa
   TORCH_CHECK_VALUE(options.param_scale() >= 0,
                     "param_scale must be non-negative (param_scale: ", options.param_scale(), ")");
   check(sample);
-  // Measured where the sample is: a CUDA device's caching allocator, else the tracking allocator.
-  c10::Device device = detail::normalize_device(sample[0].device());
-  if (!device.is_cuda()) device = c10::Device(c10::kCPU);
-  if (device.is_cpu()) memory::install_tracking_cpu_allocator();
+  const c10::Device device = memory_profiling_device(sample);
   Batch batch = to_device(scatter(sample, options.chunks())[0], device);
   const auto names = module->named_children().keys();
   torch::AutoGradMode grad_mode(true);
@@ -103,16 +99,8 @@ std::vector<int64_t> profile_sizes(torch::nn::Sequential module, const Batch& sa
     batch = batch.call(sandbox.sequential(), "layer " + std::to_string(k));
     const int64_t latent = std::max<int64_t>(memory::current_bytes(device) - before, 0);
 
-    std::unordered_set<const void*> storages;
-    int64_t parameter_bytes = 0;
-    for (const auto& parameter : sandbox.sequential()->parameters()) {
-      const auto& storage = parameter.storage();
-      if (storages.insert(storage.unsafeGetStorageImpl()).second) {
-        parameter_bytes += static_cast<int64_t>(storage.nbytes());
-      }
-    }
-    sizes.push_back(latent + static_cast<int64_t>(static_cast<double>(parameter_bytes) *
-                                                  options.param_scale()));
+    const auto parameters = static_cast<double>(parameter_bytes(sandbox.sequential()));
+    sizes.push_back(latent + static_cast<int64_t>(parameters * options.param_scale()));
   }
   return sizes;
 }

@@ -1,7 +1,6 @@
 #include "plan/layer_costs.h"
 
 #include "balance/layer_sandbox.h"
-#include "detail/stream.h"
 #include "gpipe/memory.h"
 
 #include <c10/util/Exception.h>
@@ -12,7 +11,6 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
-#include <unordered_set>
 
 namespace gpipe {
 namespace plan_detail {
@@ -39,17 +37,6 @@ int64_t bytes_of(const Batch& batch) {
   return bytes;
 }
 
-int64_t parameter_bytes(torch::nn::Sequential& layer) {
-  std::unordered_set<const void*> storages;
-  int64_t bytes = 0;
-  for (const auto& parameter : layer->parameters()) {
-    if (storages.insert(parameter.storage().unsafeGetStorageImpl()).second) {
-      bytes += static_cast<int64_t>(parameter.storage().nbytes());
-    }
-  }
-  return bytes;
-}
-
 std::vector<at::Tensor> carrying_gradients(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> out;
   for (const auto& tensor : tensors) {
@@ -66,9 +53,7 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
                     ")");
   TORCH_CHECK_VALUE(microbatch.size() > 0, "the sample has no tensor");
   balance::check_no_gradients(model);
-  c10::Device device = detail::normalize_device(microbatch[0].device());
-  if (!device.is_cuda()) device = c10::Device(c10::kCPU);
-  if (device.is_cpu()) memory::install_tracking_cpu_allocator();
+  const c10::Device device = balance::memory_profiling_device(microbatch);
   const Batch input = balance::to_device(microbatch, device);
   const auto names = model->named_children().keys();
   torch::AutoGradMode grad_mode(true);
@@ -90,7 +75,7 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
       }
       const std::vector<at::Tensor> inputs = carrying_gradients(batch.tensors());
       costs[k].input_bytes = bytes_of(batch);
-      costs[k].parameter_bytes = parameter_bytes(sandbox.sequential());
+      costs[k].parameter_bytes = balance::parameter_bytes(sandbox.sequential());
 
       balance::synchronize(device);
       const int64_t before = memory::current_bytes(device);

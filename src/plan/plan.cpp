@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace gpipe {
@@ -63,6 +64,12 @@ std::vector<int64_t> microbatch_counts(const PlanOptions& options, int64_t batch
   for (; m <= 8 * options.workers() && m <= batch_size; m *= 2) counts.push_back(m);
   if (counts.empty()) counts.push_back(batch_size);  // fewer samples than workers
   return counts;
+}
+
+// "1f1b, 1 stage per worker, 8 micro-batches": a family before its checkpoint mode.
+std::string shape_name(ScheduleKind kind, int64_t stages_per_worker, int64_t microbatches) {
+  return c10::str(kind, ", ", stages_per_worker, " stage", stages_per_worker == 1 ? "" : "s",
+                  " per worker, ", microbatches, " micro-batches");
 }
 
 // One family - schedule kind, stages per worker, micro-batches, checkpoint mode - with its
@@ -152,8 +159,9 @@ class Family {
           1e9 * (layer.forward + layer.backward_input + layer.backward_weight)));
       size.push_back(layer.activation_bytes + layer.parameter_bytes);
     }
-    Plan best = evaluate(balance::block_partition(time, S));
-    for (const auto& start : {best.balance, balance::block_partition(size, S)}) {
+    std::optional<Plan> best;
+    for (const auto& start :
+         {balance::block_partition(time, S), balance::block_partition(size, S)}) {
       Plan current = evaluate(start);
       for (bool moved = true; moved;) {
         moved = false;
@@ -168,9 +176,9 @@ class Family {
           }
         }
       }
-      if (better(current, best)) best = std::move(current);
+      if (!best || better(current, *best)) best = std::move(current);
     }
-    return best;
+    return *best;
   }
 
  private:
@@ -187,8 +195,8 @@ int64_t Plan::largest_peak_bytes() const {
 }
 
 std::string Plan::family() const {
-  return c10::str(schedule, ", ", stages_per_worker, " stage", stages_per_worker == 1 ? "" : "s",
-                  " per worker, ", microbatches, " micro-batches, checkpoint ", checkpoint);
+  return c10::str(shape_name(schedule, stages_per_worker, microbatches), ", checkpoint ",
+                  checkpoint);
 }
 
 const Plan& PlanReport::best() const {
@@ -227,43 +235,40 @@ PlanReport plan(torch::nn::Sequential model, const Batch& sample, const PlanOpti
     for (const int64_t v : per_worker) {
       const int64_t S = v * W;
       for (const auto& [m, layers] : costs) {
-        Plan shape;
-        shape.schedule = kind;
-        shape.stages_per_worker = v;
-        shape.microbatches = m;
-        const std::string shape_name = c10::str(kind, ", ", v, " stage", v == 1 ? "" : "s",
-                                                " per worker, ", m, " micro-batches");
+        Plan family_plan;
+        family_plan.schedule = kind;
+        family_plan.stages_per_worker = v;
+        family_plan.microbatches = m;
+        const std::string shape = shape_name(kind, v, m);
         if (S > L) {
           report.rejected.push_back(
-              {shape_name, c10::str("more stages (", S, ") than layers (", L, ")")});
+              {shape, c10::str("more stages (", S, ") than layers (", L, ")")});
           continue;
         }
         const int64_t least = schedule::min_microbatches(kind, S);
         if (m < least) {
           report.rejected.push_back(
-              {shape_name, c10::str("too few micro-batches: needs at least ", least)});
+              {shape, c10::str("too few micro-batches: needs at least ", least)});
           continue;
         }
         const schedule::Schedule plan_schedule = schedule::make_schedule(kind, W, S, m);
         for (const CheckpointMode mode : modes) {
-          shape.checkpoint = mode;
-          const Family family(shape, plan_schedule, layers, options);
+          family_plan.checkpoint = mode;
+          const Family family(family_plan, plan_schedule, layers, options);
           Plan best = family.search();
           if (family.excess(best) > 0) {
             report.rejected.push_back(
-                {shape.family(),
+                {best.family(),
                  c10::str("over the cap: needs ", mib(best.largest_peak_bytes()),
                           " on a worker, the cap is ", mib(options.memory_cap())),
                  best.largest_peak_bytes()});
             continue;
           }
           report.plans.push_back(std::move(best));
-          if (mode == CheckpointMode::kNever) {
-            for (const CheckpointMode slower :
-                 {CheckpointMode::kExceptLast, CheckpointMode::kAlways}) {
-              if (modes.size() == 1) break;
-              shape.checkpoint = slower;
-              report.rejected.push_back({shape.family(), kFitsWithout});
+          if (mode == CheckpointMode::kNever) {  // the modes after it only add recomputation
+            for (size_t slower = 1; slower < modes.size(); ++slower) {
+              report.rejected.push_back(
+                  {c10::str(shape, ", checkpoint ", modes[slower]), kFitsWithout});
             }
             break;
           }
