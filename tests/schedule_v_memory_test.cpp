@@ -2,6 +2,8 @@
 // bound, less than ZBV, and whose step with unit costs is what their building block makes it.
 #include "test_util.h"
 
+#include "held_microbatches.h"
+
 #include "gpipe/schedule/action.h"
 #include "gpipe/schedule/generators.h"
 #include "gpipe/schedule/predict.h"
@@ -23,15 +25,7 @@ using K = ActionKind;
 int64_t v_min_bound(int64_t W) { return 2 * ((W + 4) / 3); }
 int64_t v_half_bound(int64_t W) { return 2 * ((W + 2) / 2); }
 
-// The most micro-batches `actions` hold at once: forwarded, weight gradient not yet computed.
-int64_t most_held(const std::vector<Action>& actions) {
-  int64_t held = 0, most = 0;
-  for (const Action& a : actions) {
-    if (a.kind == K::kForward) most = std::max(most, ++held);
-    if (a.kind == K::kBackwardWeight) --held;
-  }
-  return most;
-}
+using testing::most_held;
 
 // predict()'s peaks of worker w's two stages, added (they may come at different times).
 int64_t stage_peaks(const Prediction& p, int64_t W, int64_t w) {

@@ -2,6 +2,8 @@
 // broken ones are rejected naming the offending action.
 #include "test_util.h"
 
+#include "held_microbatches.h"
+
 #include "gpipe/schedule/action.h"
 #include "gpipe/schedule/generators.h"
 #include "gpipe/schedule/validate.h"
@@ -18,16 +20,7 @@ namespace {
 
 using K = ActionKind;
 
-// The most micro-batches `actions` hold at once: forwarded, weight gradient not yet computed
-// (schedules that split backwards).
-int64_t most_held(const std::vector<Action>& actions) {
-  int64_t held = 0, most = 0;
-  for (const Action& a : actions) {
-    if (a.kind == K::kForward) most = std::max(most, ++held);
-    if (a.kind == K::kBackwardWeight) --held;
-  }
-  return most;
-}
+using testing::most_held;
 
 TEST(ScheduleValidateTest, GeneratedSchedulesAreValid) {
   for (int64_t stages = 1; stages <= 4; ++stages) {
