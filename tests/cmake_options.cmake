@@ -4,7 +4,7 @@ string(REPLACE "|" ";" PREFIX_PATH "${PREFIX_PATH}")
 file(REMOVE_RECURSE ${WORK_DIR})
 file(WRITE ${WORK_DIR}/cache.cmake "set(CMAKE_PREFIX_PATH \"${PREFIX_PATH}\" CACHE STRING \"\")\n")
 foreach(option GPIPE_BUILD_TESTS GPIPE_BUILD_BENCHMARKS GPIPE_BUILD_EXAMPLES GPIPE_BUILD_TOOLS
-               GPIPE_UNITY_TESTS)
+               GPIPE_UNITY_BUILD)
   execute_process(
     COMMAND ${CMAKE_COMMAND} -C ${WORK_DIR}/cache.cmake -S ${SOURCE_DIR} -B ${WORK_DIR}/${option}
             -G Ninja -D${option}=OFF

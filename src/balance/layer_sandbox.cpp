@@ -79,11 +79,11 @@ void check_no_gradients(torch::nn::Sequential& module) {
 
 void synchronize(c10::Device device) {
   if (device.is_cpu()) return;
-  detail::current_stream(device).synchronize();
+  gpipe::detail::current_stream(device).synchronize();
 }
 
 c10::Device memory_profiling_device(const Batch& sample) {
-  const c10::Device device = detail::normalize_device(sample[0].device());
+  const c10::Device device = gpipe::detail::normalize_device(sample[0].device());
   if (device.is_cuda()) return device;
   memory::install_tracking_cpu_allocator();
   return c10::Device(c10::kCPU);

@@ -37,7 +37,7 @@ std::vector<int64_t> profile_times(torch::nn::Sequential module, const Batch& sa
   TORCH_CHECK_VALUE(sample.size() > 0, "the sample has no tensor");
   check_no_gradients(module);
   const c10::Device device =
-      detail::normalize_device(options.device().value_or(sample[0].device()));
+      gpipe::detail::normalize_device(options.device().value_or(sample[0].device()));
   const Batch input = to_device(sample, device);
   const auto names = module->named_children().keys();
   torch::AutoGradMode grad_mode(true);

@@ -2,6 +2,7 @@
 
 #include "detail/autocast_state.h"
 #include "detail/dependency.h"
+#include "detail/differentiable.h"
 #include "detail/phony.h"
 
 #include <ATen/Context.h>
@@ -84,8 +85,6 @@ class RestoredRngStates {
   RngStates outer_;
 };
 
-bool differentiable(const at::Tensor& x) { return x.is_floating_point() || x.is_complex(); }
-
 Batch make_batch(std::vector<at::Tensor> tensors, bool atomic) {
   if (atomic) return Batch(std::move(tensors[0]));
   return Batch(std::move(tensors));
@@ -110,7 +109,8 @@ c10::intrusive_ptr<CheckpointState> state_of(AutogradContext* ctx) {
   return c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
 }
 
-// [2] in pipeline/pipeline.h: computes under no-grad (Function::apply disables it), keeping nothing.
+// [2] in pipeline/pipeline.h: computes under no-grad (Function::apply disables it), keeping
+// nothing.
 struct Checkpoint : torch::autograd::Function<Checkpoint> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& /*phony*/,
                                c10::intrusive_ptr<CheckpointState> state, at::TensorList input) {
@@ -125,11 +125,7 @@ struct Checkpoint : torch::autograd::Function<Checkpoint> {
     }();
     state->output_atomic = output.atomic();
     variable_list outputs = output.tensors();
-    variable_list non_differentiable;
-    for (const auto& y : outputs) {
-      if (!differentiable(y)) non_differentiable.push_back(y);
-    }
-    if (!non_differentiable.empty()) ctx->mark_non_differentiable(non_differentiable);
+    mark_non_differentiable(ctx, outputs);
     return outputs;
   }
 

@@ -1,5 +1,6 @@
 #include "detail/copy.h"
 
+#include "detail/differentiable.h"
 #include "detail/stream.h"
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -10,17 +11,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-bool differentiable(const at::Tensor& x) { return x.is_floating_point() || x.is_complex(); }
-
-// Marks the outputs that cannot carry gradients, which the caller then sees detached.
-void mark_non_differentiable(AutogradContext* ctx, const variable_list& outputs) {
-  variable_list non_differentiable;
-  for (const auto& y : outputs) {
-    if (!differentiable(y)) non_differentiable.push_back(y);
-  }
-  if (!non_differentiable.empty()) ctx->mark_non_differentiable(non_differentiable);
-}
 
 // Copies `tensors` to `to`'s device with both streams current; see copy.h.
 variable_list copy_between(const variable_list& tensors, const c10::Stream& from,

@@ -25,7 +25,7 @@ Action parse_action_at(const std::string& token, const std::string& where) {
   try {
     return parse_action(token);
   } catch (const c10::ValueError& error) {
-    TORCH_CHECK_VALUE(false, where, detail::message_of(error));
+    TORCH_CHECK_VALUE(false, where, gpipe::detail::message_of(error));
   }
 }
 
@@ -117,7 +117,7 @@ Schedule parse_schedule(const std::string& text, const std::string& source) {
   try {
     validate(schedule, ValidateOptions().worker_names(names));
   } catch (const c10::ValueError& error) {
-    TORCH_CHECK_VALUE(false, source, ": ", detail::message_of(error));
+    TORCH_CHECK_VALUE(false, source, ": ", gpipe::detail::message_of(error));
   }
   return schedule;
 }
