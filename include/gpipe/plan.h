@@ -2,9 +2,11 @@
 // micro-batches and whether to checkpoint, for a number of workers under a memory cap per
 // worker - chosen from measured costs rather than guessed.
 //
-// plan() profiles every layer once per micro-batch size it considers (forward; backward split
-// into its input and weight halves; the activations its forward keeps for backward; its input,
-// which is what a checkpoint keeps and what a stage receives; its parameters), then searches
+// plan() profiles every layer once per micro-batch size it considers (forward; the whole
+// backward, and the backward split into its input and weight halves as the zero-bubble schedules
+// split it; the activations its forward keeps for backward, what the input half leaves for the
+// weight half, and what its backward allocates while it runs; its input, which is what a
+// checkpoint keeps and what a stage receives; its parameters), then searches
 // every family - schedule kind x stages per worker x micro-batches x checkpoint mode - for its
 // best balance, and ranks the families that fit the cap by predicted step time:
 //
@@ -12,10 +14,14 @@
 //              the sum of its layers'; a checkpointed backward also recomputes the forward.
 //   memory     per worker, the parameters (times param_scale: weights, gradients, optimizer
 //              state) of its layers, plus per stage its most live micro-batches (predict()'s
-//              peak_live_microbatches) times the activations each holds: all of the stage's
-//              layers' without checkpointing, only its input with, plus one micro-batch's whole
+//              peak_live_microbatches) times the activations each holds: without
+//              checkpointing, the first layer's and what each next one adds (its input goes
+//              unless it saved it); with, only the stage's input, plus one micro-batch's whole
 //              activations while a backward recomputes (and the last micro-batch's, spared by
-//              kExceptLast). The stages' peaks are added, as if they coincided.
+//              kExceptLast). A split backward adds, for its most micro-batches waiting for their
+//              weight half, what the input half left for it; every stage, what a backward
+//              allocates while it runs (the most of its layers'), and the last, the loss's
+//              gradient of its output. The stages' peaks are added, as if they coincided.
 //   balance    starts from the partition whose slowest stage is fastest (block_partition), and
 //              from the one whose largest stage is smallest, then moves one layer at a time
 //              across a cut while that lowers the predicted step time (or, over the cap, the
@@ -26,7 +32,7 @@
 // (balance/profile.h); the sample is one whole mini-batch.
 //
 // Thread safety: plan one model at a time, and do not use the model meanwhile (as the profilers
-// of balance/profile.h).
+// of balance/profile.h). Profiling resets the sample's device's peak (memory.h: reset_peak).
 #pragma once
 
 #include "gpipe/checkpoint.h"

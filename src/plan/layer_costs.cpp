@@ -2,6 +2,8 @@
 
 #include "balance/layer_sandbox.h"
 #include "gpipe/memory.h"
+#include "gpipe/skip/tracker.h"
+#include "schedule/split_backward.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
@@ -10,6 +12,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 
 namespace gpipe {
@@ -60,9 +65,11 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
 
   const size_t layers = model->size();
   std::vector<LayerCosts> costs(layers);
-  std::vector<std::vector<double>> forward(layers), backward_input(layers), backward_weight(layers);
+  std::vector<std::vector<double>> forward(layers), backward(layers), backward_input(layers),
+      backward_weight(layers);
   for (int64_t pass = 0; pass < repetitions; ++pass) {
     Batch batch = input;
+    std::map<skip::SkipKey, at::Tensor> stashed;  // by the layers so far, not popped yet
     auto layer = model->begin();
     for (const auto k : c10::irange(layers)) {
       balance::LayerSandbox sandbox(k, names[k], *layer++, device);
@@ -77,32 +84,94 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
       costs[k].input_bytes = bytes_of(batch);
       costs[k].parameter_bytes = balance::parameter_bytes(sandbox.sequential());
 
+      // Skips: each forward pops from and stashes into a tracker of its own, seeded with what
+      // the layers before stashed, cut from their graphs as a stage receives them.
+      const auto call = [&](const std::shared_ptr<skip::SkipTracker>& tracker) {
+        skip::UseSkipTracker use(tracker);
+        return batch.call(sandbox.sequential(), "layer " + std::to_string(k));
+      };
+      const auto seeded = [&] {
+        auto tracker = std::make_shared<skip::SkipTracker>();
+        for (const auto& [key, tensor] : stashed) {
+          at::Tensor leaf = tensor.defined() ? tensor.detach() : tensor;
+          if (leaf.defined() && leaf.is_floating_point()) leaf.requires_grad_(true);
+          tracker->save(key, leaf);
+        }
+        return tracker;
+      };
+      const std::shared_ptr<skip::SkipTracker> tracker = seeded();
+      if (pass == 0) {
+        // Within a stage, the layer before lets go of this layer's input unless this layer
+        // saved it: forward a copy, let go of it, and see what stays. The copy is made by an
+        // addition, as a layer's output is, so that no leaf's AccumulateGrad keeps it.
+        std::optional<Batch> copy = batch;
+        for (const auto j : c10::irange(batch.size())) {
+          const at::Tensor x = batch[j].detach();
+          (*copy)[j] = batch[j].requires_grad()
+                           ? x + torch::zeros({}, x.options().requires_grad(true))
+                           : x.clone();
+        }
+        balance::synchronize(device);
+        const int64_t with_copy = memory::current_bytes(device);
+        skip::UseSkipTracker use(seeded());
+        const Batch kept = copy->call(sandbox.sequential(), "layer " + std::to_string(k));
+        copy.reset();
+        costs[k].chained_activation_bytes = memory::current_bytes(device) - with_copy;
+      }
+
       balance::synchronize(device);
       const int64_t before = memory::current_bytes(device);
       auto tick = Clock::now();
-      Batch output = batch.call(sandbox.sequential(), "layer " + std::to_string(k));
+      Batch output = call(tracker);
       balance::synchronize(device);
       forward[k].push_back(seconds_between(tick, Clock::now()));
       if (pass == 0) {
         costs[k].activation_bytes = std::max<int64_t>(memory::current_bytes(device) - before, 0);
+        costs[k].output_bytes = bytes_of(output);
       }
 
       const std::vector<at::Tensor> outputs = carrying_gradients(output.tensors());
       std::vector<at::Tensor> gradients;
       for (const auto& y : outputs) gradients.push_back(y.detach());
-      const std::vector<at::Tensor> parameters =
-          carrying_gradients(sandbox.sequential()->parameters());
-      if (!outputs.empty() && !inputs.empty()) {
+      // The whole backward, as the schedules that do not split it run it (Stage::backward).
+      if (!outputs.empty()) {
+        const int64_t held_before = memory::current_bytes(device);
+        memory::reset_peak(device);
         tick = Clock::now();
-        torch::autograd::grad(outputs, inputs, gradients, /*retain_graph=*/true,
-                              /*create_graph=*/false, /*allow_unused=*/true);
+        torch::autograd::backward(outputs, gradients);
+        balance::synchronize(device);
+        backward[k].push_back(seconds_between(tick, Clock::now()));
+        if (pass == 0) {
+          costs[k].backward_transient_bytes =
+              std::max<int64_t>(memory::peak_bytes(device) - held_before, 0);
+        }
+      }
+      // Forward again and split the backward as the zero-bubble schedules do
+      // (schedule/split_backward.h): what the input half leaves for the weight half is held
+      // until it runs.
+      const Batch again = call(seeded());
+      stashed = tracker->tensors();
+      const std::vector<at::Tensor> again_outputs = carrying_gradients(again.tensors());
+      if (!again_outputs.empty()) {
+        schedule::detail::WeightRoots roots;
+        balance::synchronize(device);
+        const int64_t held_before = memory::current_bytes(device);
+        // Gradients of their own, as a stage receives them: the weight half may keep them.
+        std::vector<at::Tensor> received;
+        for (const auto& g : gradients) received.push_back(g.clone());
+        tick = Clock::now();
+        std::vector<at::Tensor> upstream =
+            schedule::detail::backward_input(again_outputs, received, inputs, &roots);
         balance::synchronize(device);
         backward_input[k].push_back(seconds_between(tick, Clock::now()));
-      }
-      if (!outputs.empty() && !parameters.empty()) {
+        upstream.clear();  // sent to the stage before
+        received.clear();
+        if (pass == 0) {
+          costs[k].weight_pending_bytes =
+              std::max<int64_t>(memory::current_bytes(device) - held_before, 0);
+        }
         tick = Clock::now();
-        torch::autograd::grad(outputs, parameters, gradients, /*retain_graph=*/false,
-                              /*create_graph=*/false, /*allow_unused=*/true);
+        schedule::detail::backward_weight(roots);
         balance::synchronize(device);
         backward_weight[k].push_back(seconds_between(tick, Clock::now()));
       }
@@ -111,6 +180,7 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
   }
   for (const auto k : c10::irange(layers)) {
     costs[k].forward = median(forward[k]);
+    costs[k].backward = median(backward[k]);
     costs[k].backward_input = median(backward_input[k]);
     costs[k].backward_weight = median(backward_weight[k]);
   }

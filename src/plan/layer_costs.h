@@ -12,13 +12,25 @@ namespace gpipe {
 namespace plan_detail {
 
 struct LayerCosts {
-  /// Seconds: the forward, and the backward's two halves, the gradient of the layer's input
-  /// (what goes upstream) and of its parameters (what a zero-bubble schedule defers).
-  double forward = 0, backward_input = 0, backward_weight = 0;
+  /// Seconds: the forward; the whole backward; and the backward split as a zero-bubble schedule
+  /// splits it, the gradient of the layer's input (what goes upstream) and of its parameters
+  /// (what it defers).
+  double forward = 0, backward = 0, backward_input = 0, backward_weight = 0;
   /// Bytes the forward leaves allocated until backward: its output and what it saved.
   int64_t activation_bytes = 0;
+  /// What the layer adds where it follows another layer of a stage: activation_bytes less its
+  /// input's bytes where nothing the layer saved keeps the input. May be negative.
+  int64_t chained_activation_bytes = 0;
+  /// Bytes more that a split backward holds between its halves: the gradients captured for the
+  /// weight half, less what only the input half needed.
+  int64_t weight_pending_bytes = 0;
+  /// Bytes its backward allocates above what it started with while it runs (gradients on
+  /// their way, workspace).
+  int64_t backward_transient_bytes = 0;
   /// Bytes of the layer's input: what a checkpoint keeps, what a stage starting here receives.
   int64_t input_bytes = 0;
+  /// Bytes of its output: on the last stage, what the loss's gradient of it takes.
+  int64_t output_bytes = 0;
   /// Bytes of its parameters (each storage once).
   int64_t parameter_bytes = 0;
 };

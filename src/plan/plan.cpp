@@ -97,16 +97,17 @@ class Family {
                                         static_cast<double>(shape_.microbatches)
                                   : 0.0;
     for (const auto s : c10::irange(S)) {
-      double forward = 0, input = 0, weight = 0;
+      double forward = 0, whole = 0, input = 0, weight = 0;
       for (int64_t k = first[s]; k < first[s + 1]; ++k) {
         forward += layers_[k].forward;
+        whole += layers_[k].backward;
         input += layers_[k].backward_input;
         weight += layers_[k].backward_weight;
       }
       costs.forward.push_back(forward);
       costs.backward_input.push_back(input + recomputed * forward);
       costs.backward_weight.push_back(weight);
-      costs.backward.push_back(input + weight + recomputed * forward);
+      costs.backward.push_back(whole + recomputed * forward);
       const bool last = s + 1 == S;
       costs.message_bytes.push_back(last ? 0 : layers_[first[s + 1]].input_bytes);
     }
@@ -118,21 +119,31 @@ class Family {
     plan.bubble_fraction = prediction.bubble_fraction;
     plan.peak_bytes.assign(schedule_.num_workers, 0);
     for (const auto s : c10::irange(S)) {
-      int64_t activations = 0, parameters = 0;
+      // A split backward holds, between its halves, what its input half left for the other.
+      const bool split = schedule::splits_backward(shape_.schedule);
+      int64_t activations = 0, pending = 0, parameters = 0, transient = 0;
       for (int64_t k = first[s]; k < first[s + 1]; ++k) {
-        activations += layers_[k].activation_bytes;
+        activations +=
+            k == first[s] ? layers_[k].activation_bytes : layers_[k].chained_activation_bytes;
+        pending += layers_[k].weight_pending_bytes;
         parameters += layers_[k].parameter_bytes;
+        transient = std::max(transient, layers_[k].backward_transient_bytes);
       }
+      activations = std::max<int64_t>(activations, 0);
+      // The last stage's backward starts from the loss's gradient of its output.
+      if (s + 1 == S) transient += layers_[first[S] - 1].output_bytes;
       const int64_t live = prediction.peak_live_microbatches[s];
       const int64_t kept = layers_[first[s]].input_bytes;
       int64_t held = live * activations;
+      if (split) held += prediction.peak_awaiting_weight_microbatches[s] * pending;
       if (shape_.checkpoint == CheckpointMode::kAlways) {
         held = live * kept + activations;  // one recomputation at a time
       } else if (shape_.checkpoint == CheckpointMode::kExceptLast) {
         held = live * kept + 2 * activations;  // and the last micro-batch whole
       }
       plan.peak_bytes[schedule_.worker_of(s)] +=
-          held + static_cast<int64_t>(options_.param_scale() * static_cast<double>(parameters));
+          held + transient +
+          static_cast<int64_t>(options_.param_scale() * static_cast<double>(parameters));
     }
     return plan;
   }
@@ -155,8 +166,7 @@ class Family {
     const int64_t S = schedule_.num_stages;
     std::vector<int64_t> time, size;
     for (const auto& layer : layers_) {
-      time.push_back(static_cast<int64_t>(
-          1e9 * (layer.forward + layer.backward_input + layer.backward_weight)));
+      time.push_back(static_cast<int64_t>(1e9 * (layer.forward + layer.backward)));
       size.push_back(layer.activation_bytes + layer.parameter_bytes);
     }
     std::optional<Plan> best;

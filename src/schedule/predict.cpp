@@ -54,8 +54,8 @@ Prediction predict(const Schedule& schedule, const ActionCosts& costs) {
   TORCH_CHECK_VALUE(
       costs.message_bytes.empty() || static_cast<int64_t>(costs.message_bytes.size()) >= S,
       "costs: message_bytes has ", costs.message_bytes.size(), " entries for ", S, " stages");
-  TORCH_CHECK_VALUE(costs.receive_window >= 0, "costs: receive_window must be non-negative, but is ",
-                    costs.receive_window);
+  TORCH_CHECK_VALUE(costs.receive_window >= 0,
+                    "costs: receive_window must be non-negative, but is ", costs.receive_window);
 
   const int64_t W = schedule.num_workers;
   Prediction prediction;
@@ -129,6 +129,7 @@ Prediction predict(const Schedule& schedule, const ActionCosts& costs) {
   prediction.step_time = step_time;
   prediction.bubble_fraction = step_time > 0 ? 1 - busy / (static_cast<double>(W) * step_time) : 0;
   prediction.peak_live_microbatches = timeline.peak_live_microbatches;
+  prediction.peak_awaiting_weight_microbatches = timeline.peak_awaiting_weight_microbatches;
   return prediction;
 }
 

@@ -37,7 +37,9 @@ class Simulation {
         activation_sent_(S_ * M_, false),
         gradient_sent_(S_ * M_, false),
         live_(S_, 0),
-        peak_live_(S_, 0) {
+        peak_live_(S_, 0),
+        awaiting_(S_, 0),
+        peak_awaiting_(S_, 0) {
     for (const auto& actions : schedule.actions) {
       for (const Action& a : actions) {
         split_ =
@@ -71,8 +73,9 @@ class Simulation {
   // weight gradient too (Backward or BackwardWeight), which frees the micro-batch's graph.
   std::vector<bool> forwarded_, backwarded_, weighted_, activation_received_, gradient_received_,
       activation_sent_, gradient_sent_;
-  // Per stage: micro-batches forwarded and not yet weighted, now and at most.
-  std::vector<int64_t> live_, peak_live_;
+  // Per stage: micro-batches forwarded and not yet weighted, now and at most; of them, those
+  // past their BackwardInput, now and at most.
+  std::vector<int64_t> live_, peak_live_, awaiting_, peak_awaiting_;
   bool split_ = false;  // the schedule splits backwards
   std::map<std::pair<int64_t, int64_t>, std::deque<Message>> queues_;
 };
@@ -136,6 +139,8 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
       if (a.kind == ActionKind::kBackward) {
         weighted_[k] = true;
         --live_[s];
+      } else {
+        peak_awaiting_[s] = std::max(peak_awaiting_[s], ++awaiting_[s]);
       }
       return Step::kRan;
     case ActionKind::kBackwardWeight:
@@ -145,6 +150,7 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         "runs before the BackwardInput of micro-batch ", i, " on stage ", s);
       weighted_[k] = true;
       --live_[s];
+      --awaiting_[s];
       return Step::kRan;
     case ActionKind::kSendActivation:
     case ActionKind::kSendGradient: {
@@ -211,6 +217,7 @@ Timeline Simulation::run() {
     if (finished) {
       timeline.num_rounds = round + 1;
       timeline.peak_live_microbatches = peak_live_;
+      timeline.peak_awaiting_weight_microbatches = peak_awaiting_;
       break;
     }
     if (!progressed) {

@@ -60,6 +60,9 @@ struct Prediction {
   /// Per stage: the most micro-batches forwarded and not yet through their weight gradient,
   /// whose graphs it holds (Stage::peak_live_microbatches on a real step).
   std::vector<int64_t> peak_live_microbatches;
+  /// Per stage: the most of them past their input gradient and waiting for their weight
+  /// gradient at once (0 where backwards are not split).
+  std::vector<int64_t> peak_awaiting_weight_microbatches;
 };
 
 /// Predicts `schedule` under `costs`. Throws c10::ValueError for an invalid schedule

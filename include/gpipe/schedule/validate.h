@@ -46,6 +46,9 @@ struct Timeline {
   /// their weight gradient (Backward or BackwardWeight) not computed yet. Their graphs are what a
   /// stage keeps (Stage::peak_live_microbatches on a real step).
   std::vector<int64_t> peak_live_microbatches;
+  /// peak_awaiting_weight_microbatches[s] is the most of them past their BackwardInput at once,
+  /// holding what it left for their BackwardWeight (0 where backwards are not split).
+  std::vector<int64_t> peak_awaiting_weight_microbatches;
 };
 
 /// Simulates `schedule`; throws c10::ValueError naming the worker, the position and the action

@@ -1,0 +1,344 @@
+// gpipe::plan (gpipe/plan.h) against a measured sweep. Every family the planner finds to fit
+// its cap - schedule kind x stages per worker x micro-batches x checkpoint mode, each with the
+// balance the planner chose for it - is trained on worker threads (1 intra-op thread each),
+// round by round, the first one rotating, so that a shared machine's drift falls on all alike.
+// Reported: the plan's choice against the sweep's fastest configuration that fits the cap, and
+// for each configuration the predicted step time and peak memory per worker against measured.
+//
+// Memory per worker, measured: its layers' weights and gradients (what param_scale 2 counts)
+// plus, for each of its stages, the highest bytes the stage's actions allocated above what it
+// held before the step (the tracking allocator's tag per stage, gpipe/memory.h), the stages'
+// peaks added as the planner adds them.
+//
+// --cap tight: the cap is 80% of what the leanest 1F1B without checkpointing needs, so that the
+// planner must checkpoint or choose a schedule that holds less (V-Min, V-Half).
+#include "common/bench_util.h"
+#include "common/speed.h"
+
+#include "gpipe/memory.h"
+#include "gpipe/plan.h"
+#include "gpipe/schedule/predict.h"
+#include "gpipe/schedule/runtime.h"
+#include "gpipe/trace.h"
+#include "models/char_gpt.h"
+#include "models/resnet.h"
+#include "models/unet.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace bench = gpipe::bench;
+namespace gs = gpipe::schedule;
+
+struct Workload {
+  std::string name;
+  torch::nn::Sequential model;
+  at::Tensor input;
+  at::Tensor target;
+  gs::LossFunction loss;
+};
+
+Workload make_workload(const std::string& model, int64_t batch) {
+  torch::manual_seed(0);
+  if (model == "gpt") {
+    const gpipe::models::CharGPTOptions options;  // `gpipe train`'s default model
+    const at::Tensor tokens =
+        torch::randint(options.vocab_size(), {batch, options.block_size() + 1}, torch::kLong);
+    return {"char GPT (gpipe train's default), batch " + std::to_string(batch),
+            gpipe::models::char_gpt(options),
+            tokens.narrow(1, 0, options.block_size()).contiguous(),
+            tokens.narrow(1, 1, options.block_size()).contiguous(),
+            [](const gpipe::Batch& output, const gpipe::Batch& target) {
+              return gpipe::models::char_gpt_loss(output.tensor(), target.tensor());
+            }};
+  }
+  if (model == "resnet101") {
+    return {"ResNet-101, width 16, batch " + std::to_string(batch) + " x 32 x 32",
+            gpipe::models::resnet(
+                gpipe::models::ResNetOptions({3, 4, 23, 3}).base_width(16).num_classes(10)),
+            torch::randn({batch, 3, 32, 32}), torch::randint(10, {batch}, torch::kLong),
+            [](const gpipe::Batch& output, const gpipe::Batch& target) {
+              return bench::cross_entropy(output.tensor(), target.tensor());
+            }};
+  }
+  if (model == "unet") {
+    return {
+        "U-Net (depth 3, 2 convolutions, base 8), batch " + std::to_string(batch) + " x 64 x 64",
+        gpipe::models::unet(
+            gpipe::models::UNetOptions().depth(3).num_convs(2).base_channels(8).dropout(0)),
+        torch::randn({batch, 3, 64, 64}), (torch::rand({batch, 1, 64, 64}) > 0.5).to(torch::kFloat),
+        [](const gpipe::Batch& output, const gpipe::Batch& target) {
+          return bench::binary_cross_entropy(output.tensor(), target.tensor());
+        }};
+  }
+  std::fprintf(stderr, "plan_sweep: unknown --model %s (gpt, resnet101, unet)\n", model.c_str());
+  std::exit(2);
+}
+
+// One configuration of the sweep: a plan and what its steps measured.
+struct Run {
+  gpipe::Plan plan;
+  std::shared_ptr<gpipe::trace::Tracer> tracer = std::make_shared<gpipe::trace::Tracer>();
+  std::unique_ptr<gs::PipelineSchedule> pipe;
+  std::vector<double> seconds;
+  std::vector<int64_t> peak_bytes;  // per worker, measured
+};
+
+int64_t parameter_bytes(const torch::nn::Module& layer) {
+  int64_t bytes = 0;
+  for (const auto& p : layer.parameters()) bytes += static_cast<int64_t>(p.nbytes());
+  return bytes;
+}
+
+// Weights and gradients of each worker's layers under `plan`.
+std::vector<int64_t> parameter_bytes_per_worker(const torch::nn::Sequential& model,
+                                                const gpipe::Plan& plan, int64_t workers) {
+  std::vector<int64_t> bytes(workers, 0);
+  const gs::Placement placement = gs::placement_of(plan.schedule);
+  int64_t layer = 0;
+  for (size_t s = 0; s < plan.balance.size(); ++s) {
+    const int64_t w = gs::worker_of(placement, static_cast<int64_t>(s), workers);
+    for (int64_t k = 0; k < plan.balance[s]; ++k) {
+      bytes[w] += 2 * parameter_bytes(*model->ptr(static_cast<size_t>(layer++)));
+    }
+  }
+  return bytes;
+}
+
+// One step's peak per worker: gradients kept (zeroed, not freed), so that only the step's own
+// allocations - activations, messages, recomputation - count above the parameters.
+std::vector<int64_t> measure_peak_bytes(Run& run, const Workload& w, int64_t workers) {
+  for (auto& p : w.model->parameters()) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  const int64_t stages = static_cast<int64_t>(run.plan.balance.size());
+  std::vector<int64_t> before(stages);
+  for (int64_t s = 0; s < stages; ++s) before[s] = gpipe::memory::cpu_current_bytes(s);
+  gpipe::memory::reset_cpu_peak();
+  run.pipe->step(w.input, w.target);
+  std::vector<int64_t> peak = parameter_bytes_per_worker(w.model, run.plan, workers);
+  const gs::Placement placement = gs::placement_of(run.plan.schedule);
+  for (int64_t s = 0; s < stages; ++s) {
+    peak[gs::worker_of(placement, s, workers)] += gpipe::memory::cpu_peak_bytes(s) - before[s];
+  }
+  return peak;
+}
+
+double relative_error(double predicted, double measured) {
+  return (predicted - measured) / measured;
+}
+
+std::string percent(double fraction) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%+.1f%%", 100 * fraction);
+  return text;
+}
+
+std::string balance_text(const std::vector<int64_t>& balance) {
+  std::string text;
+  for (const int64_t b : balance) text += (text.empty() ? "" : ",") + std::to_string(b);
+  return text;
+}
+
+// The bytes the leanest 1F1B without checkpointing needs on its fullest worker: in the report's
+// plans where one fits, else in its rejections.
+int64_t leanest_one_f_one_b(const gpipe::PlanReport& report) {
+  int64_t leanest = 0;
+  const auto consider = [&](int64_t bytes) {
+    if (bytes > 0 && (leanest == 0 || bytes < leanest)) leanest = bytes;
+  };
+  for (const auto& p : report.plans) {
+    if (p.schedule == gs::ScheduleKind::kOneFOneB &&
+        p.checkpoint == gpipe::CheckpointMode::kNever) {
+      consider(p.largest_peak_bytes());
+    }
+  }
+  for (const auto& r : report.rejected) {
+    if (r.family.rfind("1f1b,", 0) == 0 && r.family.find("never") != std::string::npos) {
+      consider(r.peak_bytes);
+    }
+  }
+  return leanest;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "gpt", workers_flag = "2", batch_flag = "32", cap_flag = "none";
+  const auto args = bench::parse_args(
+      argc, argv, "plan-sweep",
+      "gpipe::plan's choice and predictions against a measured sweep of every family it finds\n"
+      "to fit: each configuration trained on worker threads, round by round, side by side.",
+      5,
+      {{"--model", &model, "gpt (the char GPT of gpipe train), resnet101 or unet"},
+       {"--workers", &workers_flag, "worker threads, one intra-op thread each"},
+       {"--batch", &batch_flag, "samples per step"},
+       {"--cap", &cap_flag,
+        "none, tight (80% of the leanest 1F1B without checkpointing) or MiB per worker"}});
+  const int64_t workers = std::stoll(workers_flag);
+  const int64_t batch = std::stoll(batch_flag);
+  at::set_num_threads(1);
+  bench::set_blas_threads(1);
+  gpipe::memory::install_tracking_cpu_allocator();
+  Workload w = make_workload(model, batch);
+
+  gpipe::PlanOptions options(workers);
+  options.param_scale(2.0);  // weights and gradients: what measure_peak_bytes counts
+  int64_t cap = 0;
+  double planning_seconds = 0;
+  if (cap_flag == "tight") {
+    // Plan once without a cap to find what 1F1B needs at its leanest.
+    const gpipe::PlanReport free = gpipe::plan(w.model, gpipe::Batch(w.input), options);
+    planning_seconds += free.profile_seconds + free.search_seconds;
+    cap = static_cast<int64_t>(0.8 * static_cast<double>(leanest_one_f_one_b(free)));
+  } else if (cap_flag != "none") {
+    cap = static_cast<int64_t>(std::stod(cap_flag) * (1 << 20));
+  }
+  options.memory_cap(cap);
+  const gpipe::PlanReport report = gpipe::plan(w.model, gpipe::Batch(w.input), options);
+  planning_seconds += report.profile_seconds + report.search_seconds;
+  std::printf("%s, %lld worker threads x 1 intra-op thread%s\n", w.name.c_str(),
+              static_cast<long long>(workers),
+              cap ? (", cap " + bench::fixed(bench::mib(cap), 1) + " MiB a worker").c_str() : "");
+  std::printf("planned in %.2f s (profile %.2f s, search %.3f s): %zu plans fit, %zu ruled out\n",
+              planning_seconds, report.profile_seconds, report.search_seconds, report.plans.size(),
+              report.rejected.size());
+  if (report.plans.empty()) {
+    std::printf("no plan fits\n");
+    return 1;
+  }
+
+  std::vector<Run> runs;
+  for (const auto& p : report.plans) {
+    Run run{p};
+    run.pipe = std::make_unique<gs::PipelineSchedule>(w.model, p.balance, w.loss,
+                                                      gs::PipelineScheduleOptions(p.microbatches)
+                                                          .schedule(p.schedule)
+                                                          .stages_per_worker(p.stages_per_worker)
+                                                          .checkpoint(p.checkpoint)
+                                                          .intra_op_threads(1)
+                                                          .tracer(run.tracer));
+    runs.push_back(std::move(run));
+  }
+  const auto step = [&](Run& run) {
+    w.model->zero_grad();
+    const auto start = std::chrono::steady_clock::now();
+    run.pipe->step(w.input, w.target);
+    return bench::seconds_since(start);
+  };
+  for (auto& run : runs) {
+    step(run);  // warm up: the schedule, the gradients
+    run.peak_bytes = measure_peak_bytes(run, w, workers);
+    run.tracer->clear();
+  }
+  for (int r = 0; r < args.rounds; ++r) {
+    for (size_t k = 0; k < runs.size(); ++k) {
+      auto& run = runs[(k + static_cast<size_t>(r)) % runs.size()];
+      run.seconds.push_back(step(run));
+    }
+  }
+
+  // The sweep's fastest configuration whose measured peak fits the cap.
+  const auto fits = [&](const Run& run) {
+    return cap == 0 || *std::max_element(run.peak_bytes.begin(), run.peak_bytes.end()) <= cap;
+  };
+  const Run* fastest = nullptr;
+  for (const auto& run : runs) {
+    if (fits(run) && (!fastest || bench::median(run.seconds) < bench::median(fastest->seconds))) {
+      fastest = &run;
+    }
+  }
+  bench::Table table({"#", "schedule", "stages", "micro", "checkpoint", "balance", "predicted ms",
+                      "measured ms (min med max)", "error", "from trace", "predicted MiB",
+                      "measured MiB", "error"});
+  nlohmann::json rows = nlohmann::json::array();
+  double worst_top_time = 0, worst_top_memory = 0;
+  int over_cap = 0;
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const Run& run = runs[k];
+    const gpipe::Plan& p = run.plan;
+    const double measured = bench::median(run.seconds);
+    const double time_error = relative_error(p.step_seconds, measured);
+    // The same schedule predicted from the actions' durations in its own steps: what is left
+    // between this and the measured step is the simulation's; the rest is the profile's.
+    const double from_trace =
+        gs::predict(
+            run.pipe->schedule(p.microbatches),
+            gs::costs_from_trace(run.tracer->events(), static_cast<int64_t>(p.balance.size())))
+            .step_time;
+    // Memory: the worker whose prediction is furthest off.
+    double memory_error = 0;
+    for (size_t v = 0; v < run.peak_bytes.size(); ++v) {
+      const double e = relative_error(static_cast<double>(p.peak_bytes[v]),
+                                      static_cast<double>(run.peak_bytes[v]));
+      if (std::abs(e) > std::abs(memory_error)) memory_error = e;
+    }
+    const int64_t measured_peak = *std::max_element(run.peak_bytes.begin(), run.peak_bytes.end());
+    if (!fits(run)) ++over_cap;
+    if (k < 5) {
+      worst_top_time = std::max(worst_top_time, std::abs(time_error));
+      worst_top_memory = std::max(worst_top_memory, std::abs(memory_error));
+    }
+    const auto [low, high] = std::minmax_element(run.seconds.begin(), run.seconds.end());
+    table.add({std::to_string(k + 1) + (&run == fastest ? " *" : ""), c10::str(p.schedule),
+               std::to_string(p.stages_per_worker * workers), std::to_string(p.microbatches),
+               bench::describe(p.checkpoint), balance_text(p.balance),
+               bench::fixed(p.step_seconds * 1e3, 1),
+               bench::fixed(*low * 1e3, 1) + " " + bench::fixed(measured * 1e3, 1) + " " +
+                   bench::fixed(*high * 1e3, 1),
+               percent(time_error), percent(relative_error(from_trace, measured)),
+               bench::fixed(bench::mib(p.largest_peak_bytes()), 1),
+               bench::fixed(bench::mib(measured_peak), 1) + (fits(run) ? "" : " (over)"),
+               percent(memory_error)});
+    rows.push_back({{"family", p.family()},
+                    {"balance", p.balance},
+                    {"predicted_ms", p.step_seconds * 1e3},
+                    {"measured_ms", measured * 1e3},
+                    {"measured_ms_min", *low * 1e3},
+                    {"measured_ms_max", *high * 1e3},
+                    {"predicted_from_trace_ms", from_trace * 1e3},
+                    {"predicted_peak_bytes", p.peak_bytes},
+                    {"measured_peak_bytes", run.peak_bytes}});
+  }
+  table.print();
+  const double chosen = bench::median(runs.front().seconds);
+  std::printf(
+      "\n%zu configurations measured, %d steps each (medians); * = the sweep's fastest "
+      "that fits%s\n",
+      runs.size(), args.rounds, cap ? " the cap" : "");
+  if (fastest) {
+    std::printf("choice (#1) / the sweep's fastest: %.1f / %.1f ms = %.3f (target <= 1.05)\n",
+                chosen * 1e3, bench::median(fastest->seconds) * 1e3,
+                chosen / bench::median(fastest->seconds));
+  }
+  std::printf(
+      "top 5, largest |predicted - measured| / measured: step %.1f%%, peak memory %.1f%% "
+      "(target <= 10%%)\n",
+      100 * worst_top_time, 100 * worst_top_memory);
+  if (cap) {
+    std::printf("cap %.1f MiB: %zu of %zu measured under it\n", bench::mib(cap),
+                runs.size() - static_cast<size_t>(over_cap), runs.size());
+  }
+  bench::write_json(
+      args, {{"model", w.name},
+             {"workers", workers},
+             {"cap_bytes", cap},
+             {"rounds", args.rounds},
+             {"planning_seconds", planning_seconds},
+             {"profile_seconds", report.profile_seconds},
+             {"search_seconds", report.search_seconds},
+             {"choice_over_fastest", fastest ? chosen / bench::median(fastest->seconds) : 0.0},
+             {"top5_step_error", worst_top_time},
+             {"top5_memory_error", worst_top_memory},
+             {"over_cap", over_cap},
+             {"configurations", rows}});
+  return 0;
+}
