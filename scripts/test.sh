@@ -7,7 +7,7 @@
 #           that runs without a GPU;
 #   debian  Debian's LibTorch 1.13 (CPU), the second: the library, tools and examples, and the
 #           tests of what differs between LibTorch versions (GPIPE_COMPAT_TESTS).
-# About 40 minutes on 2 cores from a fresh clone, downloads included.
+# About 30 minutes on 2 cores from a fresh clone, once the downloads are cached.
 #
 #   bash scripts/test.sh [wheel|debian ...]     (default: wheel debian)
 set -euo pipefail
