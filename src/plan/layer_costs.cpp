@@ -86,9 +86,9 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
 
       // Skips: each forward pops from and stashes into a tracker of its own, seeded with what
       // the layers before stashed, cut from their graphs as a stage receives them.
-      const auto call = [&](const std::shared_ptr<skip::SkipTracker>& tracker) {
+      const auto call = [&](const Batch& x, const std::shared_ptr<skip::SkipTracker>& tracker) {
         skip::UseSkipTracker use(tracker);
-        return batch.call(sandbox.sequential(), "layer " + std::to_string(k));
+        return x.call(sandbox.sequential(), "layer " + std::to_string(k));
       };
       const auto seeded = [&] {
         auto tracker = std::make_shared<skip::SkipTracker>();
@@ -113,8 +113,7 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
         }
         balance::synchronize(device);
         const int64_t with_copy = memory::current_bytes(device);
-        skip::UseSkipTracker use(seeded());
-        const Batch kept = copy->call(sandbox.sequential(), "layer " + std::to_string(k));
+        const Batch kept = call(*copy, seeded());
         copy.reset();
         costs[k].chained_activation_bytes = memory::current_bytes(device) - with_copy;
       }
@@ -122,7 +121,7 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
       balance::synchronize(device);
       const int64_t before = memory::current_bytes(device);
       auto tick = Clock::now();
-      Batch output = call(tracker);
+      Batch output = call(batch, tracker);
       balance::synchronize(device);
       forward[k].push_back(seconds_between(tick, Clock::now()));
       if (pass == 0) {
@@ -149,7 +148,7 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
       // Forward again and split the backward as the zero-bubble schedules do
       // (schedule/split_backward.h): what the input half leaves for the weight half is held
       // until it runs.
-      const Batch again = call(seeded());
+      const Batch again = call(batch, seeded());
       stashed = tracker->tensors();
       const std::vector<at::Tensor> again_outputs = carrying_gradients(again.tensors());
       if (!again_outputs.empty()) {

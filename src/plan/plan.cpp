@@ -118,9 +118,9 @@ class Family {
     plan.step_seconds = prediction.step_time;
     plan.bubble_fraction = prediction.bubble_fraction;
     plan.peak_bytes.assign(schedule_.num_workers, 0);
+    // A split backward holds, between its halves, what its input half left for the other.
+    const bool split = schedule::splits_backward(shape_.schedule);
     for (const auto s : c10::irange(S)) {
-      // A split backward holds, between its halves, what its input half left for the other.
-      const bool split = schedule::splits_backward(shape_.schedule);
       int64_t activations = 0, pending = 0, parameters = 0, transient = 0;
       for (int64_t k = first[s]; k < first[s + 1]; ++k) {
         activations +=
