@@ -214,10 +214,11 @@ double PipelineStage::clip_grad_norm(double max_norm, double norm_type, bool err
 }
 
 int64_t PipelineStage::automatic_receive_window() {
-  const schedule::Schedule& plan = schedules_->get(
-      options_.custom_schedule()
-          ? options_.custom_schedule()->num_microbatches
-          : std::max(options_.chunks(), schedule::min_microbatches(options_.schedule(), num_stages_)));
+  const schedule::Schedule& plan =
+      schedules_->get(options_.custom_schedule()
+                          ? options_.custom_schedule()->num_microbatches
+                          : std::max(options_.chunks(),
+                                     schedule::min_microbatches(options_.schedule(), num_stages_)));
   const auto live =
       schedule::predict(plan, schedule::ActionCosts::unit(num_stages_)).peak_live_microbatches;
   return std::max<int64_t>(1, *std::max_element(live.begin(), live.end()));
@@ -302,10 +303,13 @@ schedule::Evaluation PipelineStage::run(const Batch& input, const Batch* target,
       transport_->post_recv_from_rank(last_rank, message);
     }
     std::vector<at::Tensor> losses(M);
+    const bool sums_ties = training && parameters_->has_tied();
+    if (sums_ties) parameters_->post_tied_receives();
     {
       detail::UseAutocast no_cast_cache(detail::AutocastState::current());
       schedule::run_actions(actions, by_index_, *transport_, inputs, losses);
     }
+    if (sums_ties) parameters_->send_tied_gradients();
     if (target != nullptr && rank() == last_rank) {
       result.loss = schedule::detail::total_loss(losses);
       message[0] = result.loss.item<double>();
@@ -321,7 +325,7 @@ schedule::Evaluation PipelineStage::run(const Batch& input, const Batch* target,
     transport_->flush();
     if (!training && rank() == last_rank) result.output = gather(outputs);
     const auto start = std::chrono::steady_clock::now();
-    if (training && parameters_->has_tied()) parameters_->sum_tied_gradients();
+    if (sums_ties) parameters_->sum_tied_gradients();
     if (replicas_) {
       // Each replica's gradients and loss, averaged: those of the mean over all their batches.
       at::Tensor replica_loss;

@@ -1,5 +1,6 @@
 #include "distributed/rank_parameters.h"
 
+#include "detail/message_of.h"
 #include "distributed/all_reduce.h"
 #include "schedule/gradient_norm.h"
 
@@ -44,11 +45,13 @@ RankParameters::RankParameters(const ProcessGroup& world,
     auto tie =
         std::find_if(ties_.begin(), ties_.end(), [&](const Tie& t) { return t.ranks == ranks; });
     if (tie == ties_.end()) {
-      ties_.push_back({ranks, {}, {}});
+      ties_.emplace_back();
       tie = ties_.end() - 1;
+      tie->ranks = ranks;
       tie->group = new_group(world, ranks, name + "/tied_ranks_" + c10::Join("_", ranks), timeout);
     }
     tie->parameters.push_back(k);
+    tie->numel += p.tensor.numel();
   }
   std::vector<int64_t> pipeline = rank_of_stage;
   std::sort(pipeline.begin(), pipeline.end());
@@ -85,16 +88,69 @@ std::string RankParameters::differing_tied_copies() {
   return "";
 }
 
-void RankParameters::sum_tied_gradients() {
-  for (const Tie& tie : ties_) {
+std::string RankParameters::Tie::name() const {
+  return "the sum of tied gradients among ranks " + c10::Join(", ", ranks);
+}
+
+void RankParameters::wait(const c10::intrusive_ptr<c10d::Work>& work, const Tie& tie) {
+  try {
+    work->wait();
+  } catch (const std::exception& error) {
+    TORCH_CHECK(false, tie.name(), " failed: ", detail::message_of(error));
+  }
+}
+
+void RankParameters::post_tied_receives() {
+  for (Tie& tie : ties_) {
+    TORCH_CHECK(tie.receives.empty() && tie.sends.empty(), tie.name(),
+                ": the last step's exchange is unfinished");
+    tie.gradients.assign(tie.ranks.size(), at::Tensor());
+    for (const auto r : c10::irange(tie.ranks.size())) {
+      if (tie.ranks[r] == rank_) continue;
+      tie.gradients[r] = at::empty({tie.numel}, at::kDouble);
+      std::vector<at::Tensor> buffer{tie.gradients[r]};
+      tie.receives.push_back(tie.group->recv(buffer, static_cast<int>(r), /*tag=*/0));
+    }
+  }
+}
+
+void RankParameters::send_tied_gradients() {
+  for (Tie& tie : ties_) {
+    if (!tie.sends.empty()) continue;
     std::vector<at::Tensor> grads;
     for (const size_t k : tie.parameters) {
       const at::Tensor& p = parameters_[k].tensor;
       if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-      grads.push_back(p.grad());
+      grads.push_back(p.grad().detach().reshape({-1}).to(at::kDouble).cpu());
     }
-    detail::all_reduce(*tie.group, grads, c10d::ReduceOp::SUM, 1.0,
-                       "the sum of tied gradients among ranks " + c10::Join(", ", tie.ranks));
+    const auto self = std::find(tie.ranks.begin(), tie.ranks.end(), rank_) - tie.ranks.begin();
+    tie.gradients[self] = at::cat(grads);
+    for (const auto r : c10::irange(tie.ranks.size())) {
+      if (static_cast<int64_t>(r) == self) continue;
+      std::vector<at::Tensor> message{tie.gradients[self]};
+      tie.sends.push_back(tie.group->send(message, static_cast<int>(r), /*tag=*/0));
+    }
+  }
+}
+
+void RankParameters::sum_tied_gradients() {
+  if (!ties_.empty() && ties_[0].gradients.empty()) post_tied_receives();
+  send_tied_gradients();
+  for (Tie& tie : ties_) {
+    for (const auto& work : tie.receives) wait(work, tie);
+    for (const auto& work : tie.sends) wait(work, tie);
+    tie.receives.clear();
+    tie.sends.clear();
+    at::Tensor sum = tie.gradients[0].clone();
+    for (const auto r : c10::irange(size_t{1}, tie.ranks.size())) sum.add_(tie.gradients[r]);
+    tie.gradients.clear();
+    int64_t at = 0;
+    for (const size_t k : tie.parameters) {
+      const at::Tensor grad = parameters_[k].tensor.grad().detach();
+      const int64_t n = grad.numel();
+      grad.copy_(sum.narrow(0, at, n).view(grad.sizes()));
+      at += n;
+    }
   }
 }
 

@@ -52,8 +52,16 @@ class RankParameters {
   /// the ranks of each tie.
   std::string differing_tied_copies();
 
-  /// Sums the gradients of the parameters tied across ranks among the ranks of each (an
-  /// undefined gradient counts as zeros). Collective among the ranks of each tie.
+  /// The gradients of the parameters tied across ranks, summed among the ranks of each tie in
+  /// three calls, so that the messages cross the link while the pipeline still computes: the
+  /// receives of the other ranks' gradients posted (before the step's actions run), this rank's
+  /// gradients sent (as soon as its actions are done: the last rank's head finishes long before
+  /// the first rank's embedding), then the sum. Each rank sends its whole gradients to each other
+  /// rank of the tie and adds them up in rank order, in double precision as an all-reduce would:
+  /// every copy gets the same sum, after one message's latency rather than an all-reduce's
+  /// round trips. An undefined gradient counts as zeros. Collective among the ranks of each tie.
+  void post_tied_receives();
+  void send_tied_gradients();
   void sum_tied_gradients();
 
   /// The pipeline's gradient norm, clipped as torch::nn::utils::clip_grad_norm_ clips the plain
@@ -69,7 +77,18 @@ class RankParameters {
     std::vector<int64_t> ranks;
     c10::intrusive_ptr<Backend> group;
     std::vector<size_t> parameters;  // indices into parameters_
+    int64_t numel = 0;               // of its parameters together
+    // This step's exchange (post_tied_receives .. sum_tied_gradients): each rank's gradients,
+    // flat in double, in the order of `ranks` (this rank's own once sent), and the messages
+    // under way.
+    std::vector<at::Tensor> gradients;
+    std::vector<c10::intrusive_ptr<c10d::Work>> receives, sends;
+
+    std::string name() const;  // "the sum of tied gradients among ranks 0, 3"
   };
+
+  // Waits for `work`: a failure names `tie`'s exchange.
+  static void wait(const c10::intrusive_ptr<c10d::Work>& work, const Tie& tie);
 
   int64_t rank_;
   std::vector<detail::PipelineParameter> parameters_;
