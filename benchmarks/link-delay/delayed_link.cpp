@@ -58,6 +58,12 @@ bool enter(const std::string& name, std::string* error) {
   return true;
 }
 
+// The value of sysctl `name` in this process's namespace; empty where it cannot be read.
+std::string read_sysctl(const std::string& name) {
+  std::string output;
+  return run("sysctl -n " + name, &output) == 0 ? output : "";
+}
+
 // Waits up to a second for `fd` to be readable.
 bool readable(int fd) {
   pollfd p = {fd, POLLIN, 0};
@@ -110,6 +116,27 @@ void DelayedLink::set_delay(std::chrono::microseconds delay) {
 std::chrono::microseconds DelayedLink::delay() const {
   return std::chrono::duration_cast<std::chrono::microseconds>(
       std::chrono::nanoseconds(delay_ns_.load()));
+}
+
+bool DelayedLink::set_congestion_control(const std::string& name, std::string* error) const {
+  for (int h = 0; h < 2; ++h) {
+    std::string output;
+    if (run("ip netns exec " + host(h) + " sysctl -qw net.ipv4.tcp_congestion_control=" + name,
+            &output) != 0) {
+      *error = "cannot set TCP congestion control '" + name + "' in " + host(h) + ": " + output +
+               " (available: " + read_sysctl("net.ipv4.tcp_available_congestion_control") + ")";
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string DelayedLink::congestion_control() const {
+  std::string output;
+  return run("ip netns exec " + host(0) + " sysctl -n net.ipv4.tcp_congestion_control", &output) ==
+                 0
+             ? output
+             : "";
 }
 
 bool DelayedLink::make_tap(int h) {

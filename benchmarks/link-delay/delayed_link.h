@@ -35,6 +35,13 @@ class DelayedLink {
   void set_delay(std::chrono::microseconds delay);
   std::chrono::microseconds delay() const;
 
+  /// The TCP congestion control of connections made in the two hosts from now on (the
+  /// namespaces' net.ipv4.tcp_congestion_control, which starts as the machine's own). False,
+  /// with `error` set, where the kernel has no such algorithm.
+  bool set_congestion_control(const std::string& name, std::string* error) const;
+  /// Host 0's, as the kernel names it; empty where it cannot be read.
+  std::string congestion_control() const;
+
   /// Host h's namespace (for `ip netns exec`), its interface and its address.
   std::string host(int h) const { return name_ + "-" + std::to_string(h); }
   const std::string& interface(int h) const { return interfaces_[h]; }

@@ -12,9 +12,15 @@
 // /dev/net/tun. Needs root (or CAP_NET_ADMIN) and iproute2; prints "skipped: <why>" and exits 0
 // where it cannot make the link.
 //
-// Default: gpipe train's own model and data, batch 32 in 4 micro-batches, 30 steps, schedules
-// gpipe, 1f1b and zb1p; --rounds N. $GPIPE_TRAIN_FLAGS is added to gpipe train's flags, e.g.
-// "--receive-window 1" (predict() still assumes the automatic window).
+// Default: gpipe train's own model and data, batch 32 in 4 micro-batches, 30 steps (--steps),
+// schedules gpipe, 1f1b and zb1p (--schedules), delays 0, 1 and 5 ms (--delays), --rounds N.
+// $GPIPE_TRAIN_FLAGS is added to gpipe train's flags, e.g. "--receive-window 1" (predict() still
+// assumes the automatic window).
+//
+// TCP congestion control on the link is cubic, Linux's default (--congestion). Where the machine's
+// own is BBR (as this project's is), its pacing would be part of every number: BBR sends each
+// burst at its estimate of the bandwidth, which a pipeline's bursts, separated by computation,
+// keep low, so a message takes milliseconds longer to arrive than the delay.
 #include "common/bench_util.h"
 #include "link-delay/delayed_link.h"
 
@@ -30,6 +36,7 @@
 #include <cstdlib>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,7 +46,7 @@ namespace {
 using namespace gpipe::bench;
 namespace gs = gpipe::schedule;
 
-constexpr int kBatch = 32, kChunks = 4, kSteps = 30;
+constexpr int kBatch = 32, kChunks = 4;
 
 // Set by SIGINT or SIGTERM: the benchmark stops after the run in progress and removes the link.
 std::atomic<bool> interrupted{false};
@@ -85,28 +92,58 @@ double predicted_slope(const std::string& schedule, double step_ms, double delay
   return (gs::predict(plan, costs).step_time - unit_step) * ms_per_unit / delay_ms;
 }
 
+// "a,b,c" as its parts.
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> parts;
+  std::stringstream stream(list);
+  for (std::string part; std::getline(stream, part, ',');) parts.push_back(part);
+  return parts;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args =
-      parse_args(argc, argv, "link_delay",
-                 "gpipe train on 2 ranks in two network namespaces joined by a link with a "
-                 "one-way delay of 0, 1 and 5 ms (user-space TAP forwarding, not netem): "
-                 "throughput per schedule, and the step time each ms of delay adds.",
-                 /*default_rounds=*/3);
+  std::string delays_flag = "0,1,5", schedules_flag = "gpipe,1f1b,zb1p", steps_flag = "30",
+              congestion_flag = "cubic";
+  const Args args = parse_args(
+      argc, argv, "link_delay",
+      "gpipe train on 2 ranks in two network namespaces joined by a link with a "
+      "one-way delay of 0, 1 and 5 ms (user-space TAP forwarding, not netem): "
+      "throughput per schedule, and the step time each ms of delay adds.",
+      /*default_rounds=*/3,
+      {{"--delays", &delays_flag, "one-way delays in ms, comma-separated; 0 comes first"},
+       {"--schedules", &schedules_flag, "the schedules, comma-separated"},
+       {"--steps", &steps_flag, "gpipe train's steps per run"},
+       {"--congestion", &congestion_flag,
+        "TCP congestion control on the link: cubic (Linux's default), bbr, reno; "
+        "'machine': this machine's own"}});
   DelayedLink link;
   if (!link.failure().empty()) {
     std::printf("skipped: %s\n", link.failure().c_str());
     return 0;
   }
+  std::string error;
+  if (congestion_flag != "machine" && !link.set_congestion_control(congestion_flag, &error)) {
+    std::fprintf(stderr, "link_delay: --congestion %s: %s\n", congestion_flag.c_str(),
+                 error.c_str());
+    return 2;
+  }
+  const std::string congestion = link.congestion_control();
+  std::printf("TCP congestion control on the link: %s\n", congestion.c_str());
   for (int sig : {SIGINT, SIGTERM}) signal(sig, [](int) { interrupted = true; });
 
-  const std::vector<int> delays_ms = {0, 1, 5};
-  const std::vector<std::string> schedules = {"gpipe", "1f1b", "zb1p"};
+  std::vector<int> delays_ms;
+  for (const auto& delay : split_list(delays_flag)) delays_ms.push_back(std::stoi(delay));
+  if (delays_ms.empty() || delays_ms[0] != 0) {
+    std::fprintf(stderr, "link_delay: --delays %s: the first delay must be 0 (the baseline)\n",
+                 delays_flag.c_str());
+    return 2;
+  }
+  const std::vector<std::string> schedules = split_list(schedules_flag);
   const char* extra = std::getenv("GPIPE_TRAIN_FLAGS");
   const std::string flags = " train --stages 2 --batch-size " + std::to_string(kBatch) +
-                            " --chunks " + std::to_string(kChunks) + " --steps " +
-                            std::to_string(kSteps) + (extra ? " " + std::string(extra) : "");
+                            " --chunks " + std::to_string(kChunks) + " --steps " + steps_flag +
+                            (extra ? " " + std::string(extra) : "");
   std::map<int, std::vector<double>> round_trips;                     // by delay
   std::map<std::string, std::map<int, std::vector<double>>> samples;  // by schedule, delay
   int port = 29500;
@@ -122,7 +159,6 @@ int main(int argc, char** argv) {
     }
     for (int delay : delays) {
       link.set_delay(std::chrono::milliseconds(delay));
-      std::string error;
       const double round_trip = link.round_trip_ms(20, &error);
       if (round_trip < 0) {
         std::fprintf(stderr, "link_delay: cannot measure the round trip: %s\n", error.c_str());
@@ -145,8 +181,9 @@ int main(int argc, char** argv) {
   std::printf("\n");
 
   Table table({"2 ranks, one-way delay", "round trip (ms)", "samples/s", "vs 0 ms", "step (ms)",
-               "+step ms per delay ms", "predict(): per ms"});
+               "+step ms per delay ms", "per round: min / median / max", "predict(): per ms"});
   nlohmann::json report = {{"flags", flags},
+                           {"congestion_control", congestion},
                            {"rounds", args.rounds},
                            {"delays_ms", delays_ms},
                            {"frames_forwarded", link.forwarded()},
@@ -166,14 +203,26 @@ int main(int argc, char** argv) {
       const bool delayed = delay > 0;
       const double slope = delayed ? (step - base_step) / delay : 0;
       const double predicted = delayed ? predicted_slope(schedule, base_step, delay) : 0;
+      // Each round's own slope, against the same round's run without delay.
+      std::vector<double> slopes;
+      for (size_t r = 0; delayed && r < samples[schedule][delay].size(); ++r) {
+        slopes.push_back(1000.0 * kBatch *
+                         (1 / samples[schedule][delay][r] - 1 / samples[schedule][0][r]) / delay);
+      }
+      const std::string spread =
+          slopes.empty() ? ""
+                         : fixed(*std::min_element(slopes.begin(), slopes.end()), 2) + " / " +
+                               fixed(median(slopes), 2) + " / " +
+                               fixed(*std::max_element(slopes.begin(), slopes.end()), 2);
       table.add({schedule + ", " + std::to_string(delay) + " ms", fixed(round_trip, 2),
                  fixed(samples_per_second, 0), times(samples_per_second / base), fixed(step, 1),
-                 delayed ? fixed(slope, 2) : "", delayed ? fixed(predicted, 2) : ""});
+                 delayed ? fixed(slope, 2) : "", spread, delayed ? fixed(predicted, 2) : ""});
       report[schedule][std::to_string(delay) + "ms"] = {
           {"samples_per_second", samples_per_second},
           {"step_ms", step},
           {"round_trip_ms", round_trip},
           {"step_ms_per_delay_ms", slope},
+          {"step_ms_per_delay_ms_per_round", slopes},
           {"predicted_step_ms_per_delay_ms", predicted}};
     }
     const double n = static_cast<double>(delays_ms.size());
@@ -187,7 +236,7 @@ int main(int argc, char** argv) {
       "(a schedule that hid nothing would add 2 for each message round trip on its critical "
       "path; predict(): that count where messages are the only wait)\n"
       "link: %llu frames forwarded, %llu dropped; %.0f s\n",
-      "0, 1, 5", fits.c_str(), static_cast<unsigned long long>(link.forwarded()),
+      delays_flag.c_str(), fits.c_str(), static_cast<unsigned long long>(link.forwarded()),
       static_cast<unsigned long long>(link.dropped()), seconds_since(start));
   write_json(args, report);
   return 0;

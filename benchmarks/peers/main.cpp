@@ -293,6 +293,7 @@ Result launch(const std::vector<std::string>& command, int64_t processes, const 
 struct Totals {
   std::string error;
   std::vector<double> steps;          // each timed step: the slowest rank's time
+  std::vector<double> round_steps;    // each round's median of `steps`
   std::vector<double> communication;  // gpipe: each step's mean over ranks of transport wait
   std::vector<double> peak_mib;       // per rank, the largest over the rounds
   double loss = NAN;
@@ -304,6 +305,7 @@ struct Totals {
       return;
     }
     const size_t n = r.ranks[0]["steps"].size();
+    const size_t first = steps.size();
     peak_mib.resize(r.ranks.size(), 0);
     for (size_t s = 0; s < n; ++s) {
       double slowest = 0, comm = 0;
@@ -314,6 +316,7 @@ struct Totals {
       steps.push_back(slowest);
       communication.push_back(comm / static_cast<double>(r.ranks.size()));
     }
+    round_steps.push_back(median(std::vector<double>(steps.begin() + first, steps.end())));
     for (size_t k = 0; k < r.ranks.size(); ++k) {
       const auto& rank = r.ranks[k];
       const double peak = static_cast<double>(rank["hwm_kib"].get<int64_t>() -
@@ -433,8 +436,8 @@ int main(int argc, char** argv) {
     }
   }
   if (!rank_output.empty()) {
-    Config c{{"", width, layers, batch, chunks}, world, rank_schedule, steps, warmup,
-             receive_window};
+    Config c{
+        {"", width, layers, batch, chunks}, world, rank_schedule, steps, warmup, receive_window};
     return run_rank(c, rank_output);
   }
 
@@ -466,8 +469,9 @@ int main(int argc, char** argv) {
 
   char dir[] = "/tmp/gpipe_peers_XXXXXX";
   const std::string tmp = mkdtemp(dir);
-  Table table({"model", "procs", "schedule", "gpipe ms", "torch ms", "speedup", "gpipe MiB/rank",
-               "torch MiB/rank", "gpipe wait ms", "loss diff", "grad diff"});
+  Table table({"model", "procs", "schedule", "gpipe ms", "torch ms", "speedup",
+               "per round: min / median / max", "gpipe MiB/rank", "torch MiB/rank", "gpipe wait ms",
+               "loss diff", "grad diff"});
   nlohmann::json rows = nlohmann::json::array();
   std::vector<std::string> errors;
   const auto begin = std::chrono::steady_clock::now();
@@ -492,8 +496,7 @@ int main(int argc, char** argv) {
           std::vector<std::string> gp_command{"/proc/self/exe", "--world", procs, "--rank-output",
                                               prefix + "_gpipe"};
           gp_command.insert(gp_command.end(), shape.begin(), shape.end());
-          gp_command.insert(gp_command.end(),
-                            {"--receive-window", std::to_string(receive_window)});
+          gp_command.insert(gp_command.end(), {"--receive-window", std::to_string(receive_window)});
           std::vector<std::string> pt_command{python, script, "--out", prefix + "_torch"};
           pt_command.insert(pt_command.end(), shape.begin(), shape.end());
           for (int k = 0; k < 2; ++k) {
@@ -507,12 +510,22 @@ int main(int argc, char** argv) {
         const double gms = gp.steps.empty() ? NAN : median(gp.steps) * 1e3;
         const double tms = pt.steps.empty() ? NAN : median(pt.steps) * 1e3;
         const bool both = !gp.steps.empty() && !pt.steps.empty();
+        // Each round's speedup: torch's median step over gpipe's, the two run back to back.
+        std::vector<double> speedups;
+        for (size_t r = 0; r < std::min(gp.round_steps.size(), pt.round_steps.size()); ++r) {
+          speedups.push_back(pt.round_steps[r] / gp.round_steps[r]);
+        }
+        const std::string spread =
+            speedups.empty() ? "-"
+                             : times(*std::min_element(speedups.begin(), speedups.end())) + " / " +
+                                   times(median(speedups)) + " / " +
+                                   times(*std::max_element(speedups.begin(), speedups.end()));
         const double loss_diff =
             both ? std::abs(gp.loss - pt.loss) / std::max(std::abs(pt.loss), 1e-30) : -1;
         const double grad_diff = both ? grad_difference(gp.grads, pt.grads) : -1;
         table.add({model_name, procs, schedule, gp.steps.empty() ? "error" : fixed(gms, 1),
                    pt.steps.empty() ? "error" : fixed(tms, 1), both ? times(tms / gms) : "-",
-                   per_rank(gp.peak_mib), per_rank(pt.peak_mib),
+                   spread, per_rank(gp.peak_mib), per_rank(pt.peak_mib),
                    gp.communication.empty() ? "-" : fixed(median(gp.communication) * 1e3, 1),
                    scientific(loss_diff), scientific(grad_diff)});
         nlohmann::json row{{"model", model_name},
@@ -525,6 +538,7 @@ int main(int argc, char** argv) {
                            {"gpipe_communication_seconds", gp.communication}};
         if (both) {
           row["speedup"] = tms / gms;
+          row["speedup_per_round"] = speedups;
           row["loss_relative_difference"] = loss_diff;
           row["grad_relative_difference"] = grad_diff;
         }
