@@ -19,6 +19,10 @@ thread_local int64_t t_microbatch = 0;  // of the innermost span
 
 Tracer::Tracer() : origin_(std::chrono::steady_clock::now().time_since_epoch().count()) {}
 
+std::chrono::steady_clock::time_point Tracer::origin() const {
+  return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(origin_.load()));
+}
+
 double Tracer::now_us() const {
   const std::chrono::steady_clock::duration since_origin(
       std::chrono::steady_clock::now().time_since_epoch().count() - origin_.load());

@@ -102,6 +102,33 @@ TEST(TraceTest, WritersProduceJsonAndSvg) {
   EXPECT_EQ(document.Parse(empty.str().c_str()), tinyxml2::XML_SUCCESS);
 }
 
+// The trace says where its time 0 lies on the steady clock, so that a record of the same clock
+// (a benchmark's, another tool's) can be laid beside it: the tracer's origin, to the microsecond.
+TEST(TraceTest, TheChromeTraceGivesItsOriginOnTheSteadyClock) {
+  Tracer tracer;
+  const auto before = std::chrono::steady_clock::now();
+  const double now_us = tracer.now_us();
+  const auto after = std::chrono::steady_clock::now();
+  const auto us = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count();
+  };
+  // now_us() counts from origin(): the origin plus it is the moment it was read.
+  EXPECT_GE(us(tracer.origin()) + now_us, us(before) - 1);
+  EXPECT_LE(us(tracer.origin()) + now_us, us(after) + 1);
+
+  std::stringstream with, without;
+  write_chrome_trace({{"forward", 0, 0, 0, 0, 0, 5}}, with, tracer.origin());
+  EXPECT_NEAR(nlohmann::json::parse(with.str()).at("otherData").at("steady_clock_origin_us"),
+              us(tracer.origin()), 0.001);
+  write_chrome_trace({{"forward", 0, 0, 0, 0, 0, 5}}, without);
+  EXPECT_FALSE(nlohmann::json::parse(without.str()).contains("otherData"));
+
+  // Joining a timeline moves the origin to the timeline's.
+  const auto origin = before - std::chrono::milliseconds(3);
+  tracer.join_timeline(1, origin, 0);
+  EXPECT_EQ(tracer.origin(), origin);
+}
+
 // The SVG's boxes (titles) and box labels, in document order.
 std::pair<std::vector<std::string>, std::vector<std::string>> svg_boxes_and_labels(
     const std::vector<Event>& events) {

@@ -51,6 +51,9 @@ class Tracer {
   /// Microseconds since this tracer's origin: when it was made, or the one it joined.
   double now_us() const;
 
+  /// The origin, time 0 of its events, on this process's steady clock.
+  std::chrono::steady_clock::time_point origin() const;
+
   /// Joins the timeline of a multi-process pipeline as `rank`: from now on the clock counts from
   /// `origin` (the timeline's time 0 on this process's steady clock, known to within
   /// `uncertainty_us`) and every event carries `rank`. Events recorded before move with the

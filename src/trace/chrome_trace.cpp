@@ -23,11 +23,18 @@ std::string json_escaped(const std::string& text) {
 
 }  // namespace
 
-void write_chrome_trace(const std::vector<Event>& events, std::ostream& out) {
+void write_chrome_trace(const std::vector<Event>& events, std::ostream& out,
+                        std::optional<std::chrono::steady_clock::time_point> origin) {
   std::set<std::pair<int64_t, int64_t>> workers;  // (rank, worker)
   for (const auto& e : events) workers.insert({e.rank, e.worker});
   const bool ranked = from_ranks(events);
-  out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
+  out << "{\"displayTimeUnit\":\"ms\",";
+  if (origin) {
+    const double origin_us =
+        std::chrono::duration<double, std::micro>(origin->time_since_epoch()).count();
+    out << "\"otherData\":{\"steady_clock_origin_us\":" << fixed(origin_us, 3) << "},";
+  }
+  out << "\"traceEvents\":[";
   bool first = true;
   const auto separator = [&] {
     if (!first) out << ",";

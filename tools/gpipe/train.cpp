@@ -182,7 +182,9 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
                             .bubble_fraction;
 
   if (!c.trace.empty()) {
-    write_file(c.trace, [&](std::ostream& o) { trace::write_chrome_trace(kept, o); });
+    write_file(c.trace, [&](std::ostream& o) {
+      trace::write_chrome_trace(kept, o, pipeline->tracer().origin());
+    });
   }
   if (!c.timeline.empty()) {
     std::vector<trace::Event> last;

@@ -53,6 +53,8 @@ class TrainPipeline {
   virtual schedule::Schedule schedule(int64_t num_microbatches) = 0;
   /// The parameters this process trains, each once.
   virtual std::vector<at::Tensor> parameters() = 0;
+  /// What records the steps' tasks: on ranks it has joined the ranks' timeline.
+  const trace::Tracer& tracer() const { return *tracer_; }
   /// The loss scaler of --precision fp16 (amp/grad_scaler.h); null otherwise.
   const std::shared_ptr<amp::GradScaler>& grad_scaler() const { return grad_scaler_; }
   /// Whether this process prints progress and the summary (threads, or rank 0).
