@@ -214,7 +214,8 @@ TEST(DistributedTransportTest, ManyReceivesPostedTakeTheirOwnBatches) {
         EXPECT_TRUE(testing::bitwise_equal(got[1], sent[1])) << "step " << step << ", skip " << i;
       }
       for (int64_t i = 0; i < kBatches; ++i) {
-        EXPECT_TRUE(testing::bitwise_equal(transport.recv(0, 1, i).tensor(), pipeline_batch(step, i)))
+        EXPECT_TRUE(
+            testing::bitwise_equal(transport.recv(0, 1, i).tensor(), pipeline_batch(step, i)))
             << "step " << step << ", batch " << i;
       }
     }
@@ -248,6 +249,36 @@ TEST(DistributedTransportTest, ReceivesLeftPostedAreNamed) {
     transport.barrier("checked", std::chrono::seconds(20));
     EXPECT_TRUE(testing::bitwise_equal(transport.recv(0, 1, 1).tensor(), torch::full({2}, 2.0)));
     EXPECT_TRUE(testing::bitwise_equal(transport.recv(0, 1, 2).tensor(), torch::full({2}, 3.0)));
+  });
+}
+
+// A receive announced for the next step is posted before this step ends: a sender that starts
+// the next step first has its batch taken at once (its flush returns while the receiver has not
+// begun the step), and the step counts that receive among the ones it announces.
+TEST(DistributedTransportTest, TheNextStepsFirstReceiveIsPostedBeforeItBegins) {
+  run_ranks([&](int64_t rank, C10dTransport& transport) {
+    transport.begin_step();
+    if (rank == 0) {
+      transport.send(Batch(torch::ones({2})), 0, 1, 0);
+      transport.flush();
+      transport.begin_step();
+      transport.send(Batch(torch::full({2}, 2.0)), 0, 1, 0);
+      transport.flush();  // without the receive posted ahead, this waits for rank 1 to ask
+      transport.barrier("flushed", std::chrono::seconds(5));
+      transport.send(Batch(torch::full({2}, 3.0)), 0, 1, 1);
+      transport.flush();
+      return;
+    }
+    transport.expect(0, 1, 1);
+    EXPECT_TRUE(testing::bitwise_equal(transport.recv(0, 1, 0).tensor(), torch::ones({2})));
+    transport.expect_in_next_step(0, 1);
+    transport.barrier("flushed", std::chrono::seconds(5));
+    transport.begin_step();  // the receive posted ahead is not one left over
+    transport.expect(0, 1, 2);
+    EXPECT_TRUE(testing::bitwise_equal(transport.recv(0, 1, 0).tensor(), torch::full({2}, 2.0)));
+    EXPECT_TRUE(testing::bitwise_equal(transport.recv(0, 1, 1).tensor(), torch::full({2}, 3.0)));
+    GPIPE_EXPECT_THROW_WITH(transport.expect_in_next_step(1, 0), c10::ValueError,
+                            "rank 1 cannot receive for stage 0, which rank 0 runs");
   });
 }
 

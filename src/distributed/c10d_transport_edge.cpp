@@ -22,6 +22,7 @@ void TransportEdge::begin_step(int64_t receive_window) {
   step_capacity = capacity;
   step_max.clear();
   unposted = 0;
+  next_step = 0;
   window = messages == 0 ? 1 : receive_window;
 }
 

@@ -42,9 +42,11 @@ struct TransportEdge {
   int64_t capacity = 0;
   int64_t step_capacity = 0;
   std::vector<int64_t> step_max;
-  int64_t messages = 0;              ///< on the edge so far
-  int64_t window = 1;                ///< receives posted ahead at most, this step
-  int64_t unposted = 0;              ///< announced receives not posted yet (expect())
+  int64_t messages = 0;  ///< on the edge so far
+  int64_t window = 1;    ///< receives posted ahead at most, this step
+  int64_t unposted = 0;  ///< announced receives not posted yet (expect())
+  /// Receives posted for the next step's first messages (C10dTransport::expect_in_next_step).
+  size_t next_step = 0;
   std::deque<PostedReceive> posted;  ///< in the order of the messages they take
 
   /// The size of the buffer the receiver posted for the step's message `j`: it posted it once

@@ -59,6 +59,7 @@ class C10dTransport::Impl {
   void flush();
   void begin_step();
   void expect(int64_t from_stage, int64_t to_stage, int64_t count, schedule::Lane lane);
+  void expect_in_next_step(int64_t from_stage, int64_t to_stage, schedule::Lane lane);
   void send_to_rank(at::Tensor value, int64_t to_rank);
   at::Tensor recv_from_rank(int64_t from_rank, at::Tensor buffer);
   void post_recv_from_rank(int64_t from_rank, at::Tensor buffer);
@@ -100,6 +101,8 @@ class C10dTransport::Impl {
   // The tag of values between ranks (send_to_rank).
   int value_tag() const;
 
+  // A buffer for the edge's next message: as large as its largest so far, and a header at least.
+  at::Tensor receive_buffer(const TransportEdge& e) const;
   // Posts the receive of the edge's next unposted message (see C10dTransport's file comment).
   void post_receive(TransportEdge& e, int64_t from_stage, int64_t to_stage, schedule::Lane lane);
   // Posts receives while the edge has announced ones left and fewer than its window posted.

@@ -24,6 +24,39 @@ void C10dTransport::Impl::expect(int64_t from_stage, int64_t to_stage, int64_t c
   post_receives(e, from_stage, to_stage, lane);
 }
 
+void C10dTransport::Impl::expect_in_next_step(int64_t from_stage, int64_t to_stage,
+                                              schedule::Lane lane) {
+  TORCH_CHECK_VALUE(rank_of(to_stage) == rank(), "rank ", rank(), " cannot receive for stage ",
+                    to_stage, ", which rank ", rank_of(to_stage), " runs");
+  TransportEdge& e = edge(from_stage, to_stage, lane);
+  TORCH_CHECK_VALUE(e.posted.empty() && e.unposted == 0, "rank ", rank(),
+                    " announced a message from stage ", from_stage, " to stage ", to_stage,
+                    " in the next step while this step's are still expected");
+  // Only over Gloo: a receive posted to NCCL for a step that never comes would keep its
+  // communicator from closing.
+  if (!device_.is_cpu()) return;
+  // Posted as large as the next step's first receive would be: the capacity so far, which the
+  // sender knows too (TransportEdge::posted_capacity). Speculatively: after the last step the peer
+  // may already have closed its connection, and then nothing is posted; a next step would fail
+  // on the edge as it would have anyway.
+  at::Tensor buffer = receive_buffer(e);
+  std::vector<at::Tensor> tensors{buffer};
+  const int tag = edge_tag(from_stage, to_stage, lane);
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = backend(device_, tag).recv(tensors, static_cast<int>(rank_of(from_stage)), tag);
+  } catch (const std::exception&) {
+    return;
+  }
+  e.posted.push_back(PostedReceive{std::move(work), std::move(buffer)});
+  e.next_step = 1;
+}
+
+at::Tensor C10dTransport::Impl::receive_buffer(const TransportEdge& e) const {
+  return at::empty({std::max(e.capacity, kHeaderBytes)},
+                   at::TensorOptions(at::kByte).device(device_));
+}
+
 void C10dTransport::Impl::post_receive(TransportEdge& e, int64_t from_stage, int64_t to_stage,
                                        schedule::Lane lane) {
   const int64_t peer = rank_of(from_stage);
@@ -34,8 +67,7 @@ void C10dTransport::Impl::post_receive(TransportEdge& e, int64_t from_stage, int
                          to_stage,
                          peer,
                          /*sending=*/false};
-  std::vector<at::Tensor> buffer{at::empty({std::max(e.capacity, kHeaderBytes)},
-                                           at::TensorOptions(at::kByte).device(device_))};
+  std::vector<at::Tensor> buffer{receive_buffer(e)};
   const int tag = edge_tag(from_stage, to_stage, lane);
   Backend& wire = backend(device_, tag);
   auto work = post([&] { return wire.recv(buffer, static_cast<int>(peer), tag); },
@@ -113,9 +145,9 @@ std::vector<at::Tensor> C10dTransport::Impl::receive_payload(const MessageMetada
       tensors.emplace_back();
       continue;
     }
-    at::Tensor x = at::empty(
-        meta.shapes[k],
-        at::TensorOptions(static_cast<c10::ScalarType>(meta.dtypes[k])).device(device_));
+    at::Tensor x =
+        at::empty(meta.shapes[k],
+                  at::TensorOptions(static_cast<c10::ScalarType>(meta.dtypes[k])).device(device_));
     if (x.numel() > 0) {
       // The header came first: this wait is the data's own movement, not the peer's compute.
       std::vector<at::Tensor> payload{x};

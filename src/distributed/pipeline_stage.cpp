@@ -310,6 +310,13 @@ schedule::Evaluation PipelineStage::run(const Batch& input, const Batch* target,
       schedule::run_actions(actions, by_index_, *transport_, inputs, losses);
     }
     if (sums_ties) parameters_->send_tied_gradients();
+    // The next step's first activations may be sent before this rank ends this one (it may wait
+    // for the tied gradients): their receives go out now.
+    for (const auto s : c10::irange(int64_t{1}, num_stages_)) {
+      if (by_index_[s] != nullptr && by_index_[s - 1] == nullptr) {
+        transport_->expect_in_next_step(s - 1, s);
+      }
+    }
     if (target != nullptr && rank() == last_rank) {
       result.loss = schedule::detail::total_loss(losses);
       message[0] = result.loss.item<double>();

@@ -133,7 +133,8 @@ class C10dTransport : public schedule::Transport {
   /// Starts a step: forgets the metadata agreed in the last one, so shapes may change from step
   /// to step (e.g. sequence lengths), not within one. Both ends of an edge call it between the
   /// same messages. Throws c10::ValueError if a receive posted ahead in the last step is still
-  /// waiting for its message (more were announced than came).
+  /// waiting for its message (more were announced than came), but for those announced for this
+  /// step (expect_in_next_step).
   void begin_step();
 
   /// Announces that the edge's next `count` messages on `lane` from `from_stage` to this rank's
@@ -144,6 +145,16 @@ class C10dTransport : public schedule::Transport {
   /// a negative count, a stage this rank does not run, or a stage with no such edge.
   void expect(int64_t from_stage, int64_t to_stage, int64_t count,
               schedule::Lane lane = schedule::Lane::kPipeline);
+
+  /// Announces, before this step ends, that the edge's first message of the next step comes, and
+  /// posts its receive now: a sender that begins the next step before this rank does (this rank
+  /// still waits, say, for a tied weight's gradient) then need not wait for it to ask. Only for
+  /// an edge that carries a message in every step, as activations do; begin_step() counts it as
+  /// expected, and expect() then counts it among the step's. Over Gloo only (CPU tensors); with
+  /// NCCL, and where the peer has closed its connection (it finished), it posts nothing. Throws
+  /// c10::ValueError for a stage this rank does not run or a stage with no such edge.
+  void expect_in_next_step(int64_t from_stage, int64_t to_stage,
+                           schedule::Lane lane = schedule::Lane::kPipeline);
 
   /// Sends `value` from this rank to `to_rank` outside the stages' edges (e.g. the loss), and
   /// receives one into `buffer` (or into the buffer of the receive posted ahead with
