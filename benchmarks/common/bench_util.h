@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -221,6 +222,25 @@ inline std::string fixed(double value, int digits) {
 
 /// "1.234x".
 inline std::string times(double ratio) { return fixed(ratio, 3) + "x"; }
+
+/// "1.20 / 1.50 / 2.10": the least, the median and the largest of `values`, each as `format`
+/// writes it; "-" for none.
+inline std::string min_median_max(const std::vector<double>& values,
+                                  const std::function<std::string(double)>& format) {
+  if (values.empty()) return "-";
+  const auto [low, high] = std::minmax_element(values.begin(), values.end());
+  return format(*low) + " / " + format(median(values)) + " / " + format(*high);
+}
+
+/// The items of a comma-separated list, "a,b,,c" as {"a", "b", "c"}.
+inline std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> items;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
 
 /// "[1, 2, 3]".
 inline std::string list(const std::vector<int64_t>& values) {

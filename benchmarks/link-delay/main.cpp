@@ -191,14 +191,6 @@ PhasedRun phased_run(DelayedLink& link, const std::string& flags, int port,
   return run;
 }
 
-// "a,b,c" as its parts.
-std::vector<std::string> split_list(const std::string& list) {
-  std::vector<std::string> parts;
-  std::stringstream stream(list);
-  for (std::string part; std::getline(stream, part, ',');) parts.push_back(part);
-  return parts;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -324,11 +316,7 @@ int main(int argc, char** argv) {
       const double base_step = median(run.undelayed_ms);
       const double predicted = predicted_slope(schedule, base_step, delay);
       const std::string spread =
-          run.slopes.empty()
-              ? "-"
-              : fixed(*std::min_element(run.slopes.begin(), run.slopes.end()), 2) + " / " +
-                    fixed(median(run.slopes), 2) + " / " +
-                    fixed(*std::max_element(run.slopes.begin(), run.slopes.end()), 2);
+          min_median_max(run.slopes, [](double slope) { return fixed(slope, 2); });
       // The headline: the median step of every delayed phase against that of every undelayed
       // one, phases of the same runs taking turns; the pairs show how much single phases swing.
       const double slope = (median(run.delayed_ms) - base_step) / delay;

@@ -351,15 +351,6 @@ double grad_difference(const std::map<std::string, at::Tensor>& a,
   return worst;
 }
 
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> out;
-  std::stringstream in(list);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 // The first three fields of /proc/loadavg: how busy the machine was.
 std::string load_average() {
   std::ifstream in("/proc/loadavg");
@@ -455,7 +446,7 @@ int main(int argc, char** argv) {
       "Gloo on the CPU, 1 intra-op thread per process, %u cores%s; %lld rounds x %lld timed "
       "steps (after %lld warm-up) per contender; step time: the slowest rank's, median\n",
       torch_version().c_str(), cores, "", (long long)rounds, (long long)steps, (long long)warmup);
-  for (const auto& name : split(models)) {
+  for (const auto& name : split_list(models)) {
     if (!known.count(name)) {
       std::fprintf(stderr, "peers: unknown model %s (compute, small)\n", name.c_str());
       return 2;
@@ -476,11 +467,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> errors;
   const auto begin = std::chrono::steady_clock::now();
   const std::string load_start = load_average();
-  for (const auto& model_name : split(models)) {
+  for (const auto& model_name : split_list(models)) {
     const Model& m = known.at(model_name);
-    for (const auto& procs : split(processes)) {
+    for (const auto& procs : split_list(processes)) {
       const int64_t w = std::atoll(procs.c_str());
-      for (const auto& schedule : split(schedules)) {
+      for (const auto& schedule : split_list(schedules)) {
         const std::string s = std::to_string(steps), wu = std::to_string(warmup);
         const std::vector<std::string> shape{"--width",    std::to_string(m.width),
                                              "--layers",   std::to_string(m.layers),
@@ -515,11 +506,7 @@ int main(int argc, char** argv) {
         for (size_t r = 0; r < std::min(gp.round_steps.size(), pt.round_steps.size()); ++r) {
           speedups.push_back(pt.round_steps[r] / gp.round_steps[r]);
         }
-        const std::string spread =
-            speedups.empty() ? "-"
-                             : times(*std::min_element(speedups.begin(), speedups.end())) + " / " +
-                                   times(median(speedups)) + " / " +
-                                   times(*std::max_element(speedups.begin(), speedups.end()));
+        const std::string spread = min_median_max(speedups, times);
         const double loss_diff =
             both ? std::abs(gp.loss - pt.loss) / std::max(std::abs(pt.loss), 1e-30) : -1;
         const double grad_diff = both ? grad_difference(gp.grads, pt.grads) : -1;
@@ -565,7 +552,7 @@ int main(int argc, char** argv) {
       "a step spends in sends and receives (includes waiting for other ranks: the bubble). loss "
       "diff: |gpipe - torch| / |torch|; grad diff: the largest over the parameters of "
       "max |gpipe - torch| / max |torch|.\n");
-  for (const auto& procs : split(processes)) {
+  for (const auto& procs : split_list(processes)) {
     if (std::atoll(procs.c_str()) > static_cast<long long>(cores)) {
       std::printf("note: %s processes on %u cores are oversubscribed: ranks take turns on them.\n",
                   procs.c_str(), cores);

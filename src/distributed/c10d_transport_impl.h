@@ -101,8 +101,10 @@ class C10dTransport::Impl {
   // The tag of values between ranks (send_to_rank).
   int value_tag() const;
 
-  // A buffer for the edge's next message: as large as its largest so far, and a header at least.
-  at::Tensor receive_buffer(const TransportEdge& e) const;
+  // Starts the receive of the edge's next message, into a buffer as large as its largest so far
+  // and a header at least. Throws where the backend refuses (post() explains why).
+  PostedReceive start_receive(const TransportEdge& e, int64_t from_stage, int64_t to_stage,
+                              schedule::Lane lane);
   // Posts the receive of the edge's next unposted message (see C10dTransport's file comment).
   void post_receive(TransportEdge& e, int64_t from_stage, int64_t to_stage, schedule::Lane lane);
   // Posts receives while the edge has announced ones left and fewer than its window posted.

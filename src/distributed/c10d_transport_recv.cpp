@@ -39,22 +39,21 @@ void C10dTransport::Impl::expect_in_next_step(int64_t from_stage, int64_t to_sta
   // sender knows too (TransportEdge::posted_capacity). Speculatively: after the last step the peer
   // may already have closed its connection, and then nothing is posted; a next step would fail
   // on the edge as it would have anyway.
-  at::Tensor buffer = receive_buffer(e);
-  std::vector<at::Tensor> tensors{buffer};
-  const int tag = edge_tag(from_stage, to_stage, lane);
-  c10::intrusive_ptr<c10d::Work> work;
   try {
-    work = backend(device_, tag).recv(tensors, static_cast<int>(rank_of(from_stage)), tag);
+    e.posted.push_back(start_receive(e, from_stage, to_stage, lane));
   } catch (const std::exception&) {
     return;
   }
-  e.posted.push_back(PostedReceive{std::move(work), std::move(buffer)});
   e.next_step = 1;
 }
 
-at::Tensor C10dTransport::Impl::receive_buffer(const TransportEdge& e) const {
-  return at::empty({std::max(e.capacity, kHeaderBytes)},
-                   at::TensorOptions(at::kByte).device(device_));
+PostedReceive C10dTransport::Impl::start_receive(const TransportEdge& e, int64_t from_stage,
+                                                 int64_t to_stage, schedule::Lane lane) {
+  std::vector<at::Tensor> buffer{at::empty({std::max(e.capacity, kHeaderBytes)},
+                                           at::TensorOptions(at::kByte).device(device_))};
+  const int tag = edge_tag(from_stage, to_stage, lane);
+  auto work = backend(device_, tag).recv(buffer, static_cast<int>(rank_of(from_stage)), tag);
+  return PostedReceive{std::move(work), buffer[0]};
 }
 
 void C10dTransport::Impl::post_receive(TransportEdge& e, int64_t from_stage, int64_t to_stage,
@@ -67,12 +66,14 @@ void C10dTransport::Impl::post_receive(TransportEdge& e, int64_t from_stage, int
                          to_stage,
                          peer,
                          /*sending=*/false};
-  std::vector<at::Tensor> buffer{receive_buffer(e)};
-  const int tag = edge_tag(from_stage, to_stage, lane);
-  Backend& wire = backend(device_, tag);
-  auto work = post([&] { return wire.recv(buffer, static_cast<int>(peer), tag); },
-                   [name] { return name.str(); }, peer);
-  e.posted.push_back(PostedReceive{std::move(work), buffer[0]});
+  PostedReceive posted;
+  post(
+      [&] {
+        posted = start_receive(e, from_stage, to_stage, lane);
+        return posted.work;
+      },
+      [name] { return name.str(); }, peer);
+  e.posted.push_back(std::move(posted));
   --e.unposted;
 }
 

@@ -116,7 +116,8 @@ void RankParameters::post_tied_receives() {
 
 void RankParameters::send_tied_gradients() {
   for (Tie& tie : ties_) {
-    if (!tie.sends.empty()) continue;
+    TORCH_INTERNAL_ASSERT(tie.gradients.size() == tie.ranks.size() && tie.sends.empty(), tie.name(),
+                          ": post_tied_receives() comes first, once a step");
     std::vector<at::Tensor> grads;
     for (const size_t k : tie.parameters) {
       const at::Tensor& p = parameters_[k].tensor;
@@ -134,9 +135,9 @@ void RankParameters::send_tied_gradients() {
 }
 
 void RankParameters::sum_tied_gradients() {
-  if (!ties_.empty() && ties_[0].gradients.empty()) post_tied_receives();
-  send_tied_gradients();
   for (Tie& tie : ties_) {
+    TORCH_INTERNAL_ASSERT(tie.sends.size() + 1 == tie.ranks.size(), tie.name(),
+                          ": send_tied_gradients() comes first");
     for (const auto& work : tie.receives) wait(work, tie);
     for (const auto& work : tie.sends) wait(work, tie);
     tie.receives.clear();

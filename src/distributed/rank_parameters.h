@@ -59,7 +59,8 @@ class RankParameters {
   /// the first rank's embedding), then the sum. Each rank sends its whole gradients to each other
   /// rank of the tie and adds them up in rank order, in double precision as an all-reduce would:
   /// every copy gets the same sum, after one message's latency rather than an all-reduce's
-  /// round trips. An undefined gradient counts as zeros. Collective among the ranks of each tie.
+  /// round trips. An undefined gradient counts as zeros. Collective among the ranks of each tie;
+  /// the three calls come in this order, once a step.
   void post_tied_receives();
   void send_tied_gradients();
   void sum_tied_gradients();
