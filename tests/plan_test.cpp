@@ -167,15 +167,17 @@ TEST(PlanTest, BalancesUnevenLayersByTheirCost) {
 // peaks added, as the model adds them) against the prediction less the layers' weights and
 // gradients. The balance is chosen from timings, so each model leaves the planner one: 8 layers
 // on 1 worker, whose activations chain within its stage; 2 layers of 4 on 2 workers. A cap must
-// hold: no prediction is more than 10% under what the step held. GPipe's chain on one worker is
-// also within 10% over; elsewhere the model runs higher (up to 75% for the split backward on one
-// worker, docs/planning.md).
+// hold: no prediction is more than 10% under what the step held, GPipe's or ZB1P's (whose split
+// backward holds what its input half left between its halves). GPipe's chain on one worker is
+// also within 10% over; elsewhere the model runs higher (docs/planning.md).
 void expect_predicted_activations(torch::nn::Sequential model, int64_t workers, bool close) {
   const torch::Tensor input = torch::randn({512, 64});
   const torch::Tensor target = torch::randn({512, 64});
-  const PlanReport report =
-      plan(model, input, quick(workers).schedules({ScheduleKind::kGPipe}).microbatches({4}));
-  ASSERT_EQ(report.plans.size(), 1u);
+  const PlanReport report = plan(model, input,
+                                 quick(workers)
+                                     .schedules({ScheduleKind::kGPipe, ScheduleKind::kZeroBubble})
+                                     .microbatches({4}));
+  ASSERT_EQ(report.plans.size(), 2u);
   const schedule::LossFunction mse = [](const Batch& output, const Batch& target) {
     return torch::mse_loss(output.tensor(), target.tensor());
   };
@@ -205,7 +207,8 @@ void expect_predicted_activations(torch::nn::Sequential model, int64_t workers, 
     }
     for (int64_t w = 0; w < workers; ++w) {
       const double ratio = static_cast<double>(predicted[w]) / static_cast<double>(measured[w]);
-      EXPECT_GE(ratio, 0.9) << "worker " << w;
+      EXPECT_GE(ratio, 0.9) << "worker " << w << " of " << workers << ": predicted " << predicted[w]
+                            << ", measured " << measured[w];
       if (close && p.schedule == ScheduleKind::kGPipe) EXPECT_LE(ratio, 1.1) << "worker " << w;
     }
   }

@@ -101,6 +101,36 @@ TEST(ScheduleValidateTest, ZeroBubblePendingMicroBatchesPerStage) {
   }
 }
 
+// The moments a stage's memory can peak: GPipe's stage 0 after each of its 3 forwards, and as
+// each of its 3 backwards starts.
+TEST(ScheduleValidateTest, HeldMicrobatchesAtEveryMomentMemoryCanPeak) {
+  const Timeline gpipe = simulate(gpipe_schedule(2, 3));
+  const std::vector<HeldMicrobatches> expected{{1, 0, false}, {2, 0, false}, {3, 0, false},
+                                               {1, 0, true},  {2, 0, true},  {3, 0, true}};
+  std::vector<HeldMicrobatches> stage0 = gpipe.held_microbatches[0];
+  std::sort(stage0.begin(), stage0.end());
+  std::vector<HeldMicrobatches> sorted = expected;
+  std::sort(sorted.begin(), sorted.end());
+  ASSERT_EQ(stage0.size(), sorted.size());
+  for (size_t k = 0; k < sorted.size(); ++k) {
+    EXPECT_FALSE(stage0[k] < sorted[k] || sorted[k] < stage0[k]) << k;
+  }
+  // Under a split backward the counts of micro-batches awaiting their weight half are among
+  // them, up to the peaks.
+  for (const Schedule& schedule : {zb1p_schedule(3, 6), zbv_schedule(2, 4), v_min_schedule(2, 6)}) {
+    const Timeline timeline = simulate(schedule);
+    for (int64_t s = 0; s < schedule.num_stages; ++s) {
+      int64_t live = 0, awaiting = 0;
+      for (const auto& held : timeline.held_microbatches[s]) {
+        live = std::max(live, held.live);
+        awaiting = std::max(awaiting, held.awaiting);
+      }
+      EXPECT_EQ(live, timeline.peak_live_microbatches[s]) << s;
+      EXPECT_EQ(awaiting, timeline.peak_awaiting_weight_microbatches[s]) << s;
+    }
+  }
+}
+
 // ZBV: worker w runs stages w and 2W - 1 - w, every stage each micro-batch's forward, input and
 // weight gradient once; a worker holds at most 2W micro-batches of its half-size stages (1F1B's
 // first stage holds W full ones).

@@ -13,15 +13,18 @@
 //   step time  predict() (schedule/predict.h) on the family's schedule with each stage's costs
 //              the sum of its layers'; a checkpointed backward also recomputes the forward.
 //   memory     per worker, the parameters (times param_scale: weights, gradients, optimizer
-//              state) of its layers, plus per stage its most live micro-batches (predict()'s
-//              peak_live_microbatches) times the activations each holds: without
-//              checkpointing, the first layer's and what each next one adds (its input goes
-//              unless it saved it); with, only the stage's input, plus one micro-batch's whole
-//              activations while a backward recomputes (and the last micro-batch's, spared by
-//              kExceptLast). A split backward adds, for its most micro-batches waiting for their
-//              weight half, what the input half left for it; every stage, what a backward
-//              allocates while it runs (the most of its layers'), and the last, the loss's
-//              gradient of its output. The stages' peaks are added, as if they coincided.
+//              state) of its layers, plus per stage the most it holds at any moment of the
+//              schedule (predict()'s held_microbatches): each micro-batch forwarded holds the
+//              stage's activations (the first layer's and what each next one adds: its input
+//              goes unless it saved it); one past a split backward's input half also holds
+//              what that half left for the weight half, and its input gradient until the stage
+//              before takes it, while its input stays counted to the stage before until this
+//              stage's weight half; a backward that starts allocates what the most of its
+//              layers' backwards allocate while they run (on the last stage, plus the loss's
+//              gradient of its output). With checkpointing, each live micro-batch holds only
+//              the stage's input, plus one micro-batch's whole activations while a backward
+//              recomputes (and the last micro-batch's, spared by kExceptLast). The stages'
+//              peaks are added, as if they coincided.
 //   balance    starts from the partition whose slowest stage is fastest (block_partition), and
 //              from the one whose largest stage is smallest, then moves one layer at a time
 //              across a cut while that lowers the predicted step time (or, over the cap, the

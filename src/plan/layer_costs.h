@@ -22,7 +22,7 @@ struct LayerCosts {
   /// input's bytes where nothing the layer saved keeps the input. May be negative.
   int64_t chained_activation_bytes = 0;
   /// Bytes more that a split backward holds between its halves: the gradients captured for the
-  /// weight half, less what only the input half needed.
+  /// weight half, less what only the input half needed; never below 0.
   int64_t weight_pending_bytes = 0;
   /// Bytes its backward allocates above what it started with while it runs (gradients on
   /// their way, workspace).

@@ -130,20 +130,36 @@ class Family {
         transient = std::max(transient, layers_[k].backward_transient_bytes);
       }
       activations = std::max<int64_t>(activations, 0);
+      // Past its input half, a micro-batch's input gradient is on its way to the stage before,
+      // held until that stage takes it.
+      if (s > 0) pending += layers_[first[s]].input_bytes;
       // The last stage's backward starts from the loss's gradient of its output.
       if (s + 1 == S) transient += layers_[first[S] - 1].output_bytes;
       const int64_t live = prediction.peak_live_microbatches[s];
       const int64_t kept = layers_[first[s]].input_bytes;
-      int64_t held = live * activations;
-      if (split) held += prediction.peak_awaiting_weight_microbatches[s] * pending;
-      if (shape_.checkpoint == CheckpointMode::kAlways) {
-        held = live * kept + activations;  // one recomputation at a time
-      } else if (shape_.checkpoint == CheckpointMode::kExceptLast) {
-        held = live * kept + 2 * activations;  // and the last micro-batch whole
+      int64_t held = 0;
+      if (shape_.checkpoint == CheckpointMode::kNever) {
+        // The most at any moment: each micro-batch forwarded holds its activations, and one
+        // past its input half what that half left for the weight half too; a backward that
+        // starts allocates more while it runs.
+        for (const auto& moment : prediction.held_microbatches[s]) {
+          held =
+              std::max(held, moment.live * activations + (split ? moment.awaiting * pending : 0) +
+                                 (moment.backward ? transient : 0));
+        }
+        // What this stage sent the next stays until the next one's weight half, which may come
+        // after this stage's own: count it for the micro-batches awaiting theirs there.
+        if (split && s + 1 < S) {
+          held += prediction.peak_awaiting_weight_microbatches[s + 1] *
+                  layers_[first[s + 1]].input_bytes;
+        }
+      } else if (shape_.checkpoint == CheckpointMode::kAlways) {
+        held = live * kept + activations + transient;  // one recomputation at a time
+      } else {
+        held = live * kept + 2 * activations + transient;  // and the last micro-batch whole
       }
       plan.peak_bytes[schedule_.worker_of(s)] +=
-          held + transient +
-          static_cast<int64_t>(options_.param_scale() * static_cast<double>(parameters));
+          held + static_cast<int64_t>(options_.param_scale() * static_cast<double>(parameters));
     }
     return plan;
   }

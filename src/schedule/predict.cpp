@@ -130,6 +130,7 @@ Prediction predict(const Schedule& schedule, const ActionCosts& costs) {
   prediction.bubble_fraction = step_time > 0 ? 1 - busy / (static_cast<double>(W) * step_time) : 0;
   prediction.peak_live_microbatches = timeline.peak_live_microbatches;
   prediction.peak_awaiting_weight_microbatches = timeline.peak_awaiting_weight_microbatches;
+  prediction.held_microbatches = timeline.held_microbatches;
   return prediction;
 }
 

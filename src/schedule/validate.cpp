@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -39,7 +40,8 @@ class Simulation {
         live_(S_, 0),
         peak_live_(S_, 0),
         awaiting_(S_, 0),
-        peak_awaiting_(S_, 0) {
+        peak_awaiting_(S_, 0),
+        held_(S_) {
     for (const auto& actions : schedule.actions) {
       for (const Action& a : actions) {
         split_ =
@@ -76,6 +78,9 @@ class Simulation {
   // Per stage: micro-batches forwarded and not yet weighted, now and at most; of them, those
   // past their BackwardInput, now and at most.
   std::vector<int64_t> live_, peak_live_, awaiting_, peak_awaiting_;
+  // Per stage: what it held after each Forward and BackwardInput, and as each Backward or
+  // BackwardInput started.
+  std::vector<std::set<HeldMicrobatches>> held_;
   bool split_ = false;  // the schedule splits backwards
   std::map<std::pair<int64_t, int64_t>, std::deque<Message>> queues_;
 };
@@ -124,7 +129,10 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         "uses the activation of micro-batch ", i,
                         " before it arrives (no RecvActivation of it before)");
       forwarded_[k] = true;
-      if (!forward_only_) peak_live_[s] = std::max(peak_live_[s], ++live_[s]);
+      if (!forward_only_) {
+        peak_live_[s] = std::max(peak_live_[s], ++live_[s]);
+        held_[s].insert({live_[s], awaiting_[s], false});
+      }
       return Step::kRan;
     case ActionKind::kBackward:
     case ActionKind::kBackwardInput:
@@ -136,11 +144,13 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         "uses the gradient of micro-batch ", i,
                         " before it arrives (no RecvGradient of it before)");
       backwarded_[k] = true;
+      held_[s].insert({live_[s], awaiting_[s], true});
       if (a.kind == ActionKind::kBackward) {
         weighted_[k] = true;
         --live_[s];
       } else {
         peak_awaiting_[s] = std::max(peak_awaiting_[s], ++awaiting_[s]);
+        held_[s].insert({live_[s], awaiting_[s], false});
       }
       return Step::kRan;
     case ActionKind::kBackwardWeight:
@@ -218,6 +228,9 @@ Timeline Simulation::run() {
       timeline.num_rounds = round + 1;
       timeline.peak_live_microbatches = peak_live_;
       timeline.peak_awaiting_weight_microbatches = peak_awaiting_;
+      for (const auto& moments : held_) {
+        timeline.held_microbatches.emplace_back(moments.begin(), moments.end());
+      }
       break;
     }
     if (!progressed) {

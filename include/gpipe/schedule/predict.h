@@ -19,6 +19,7 @@
 #pragma once
 
 #include "gpipe/schedule/action.h"
+#include "gpipe/schedule/validate.h"
 #include "gpipe/trace.h"
 
 #include <cstdint>
@@ -63,6 +64,8 @@ struct Prediction {
   /// Per stage: the most of them past their input gradient and waiting for their weight
   /// gradient at once (0 where backwards are not split).
   std::vector<int64_t> peak_awaiting_weight_microbatches;
+  /// Per stage: what it held at the moments its memory can peak (Timeline::held_microbatches).
+  std::vector<std::vector<HeldMicrobatches>> held_microbatches;
 };
 
 /// Predicts `schedule` under `costs`. Throws c10::ValueError for an invalid schedule

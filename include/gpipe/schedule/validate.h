@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace gpipe {
@@ -36,6 +37,18 @@ struct ValidateOptions {
   TORCH_ARG(bool, forward_only) = false;
 };
 
+/// The micro-batches a stage holds at one moment of a step.
+struct HeldMicrobatches {
+  int64_t live = 0;       ///< forwarded, their weight gradient not computed yet
+  int64_t awaiting = 0;   ///< of them, past their BackwardInput, waiting for the weight half
+  bool backward = false;  ///< a Backward or BackwardInput starts now, and allocates as it runs
+
+  bool operator<(const HeldMicrobatches& other) const {
+    return std::tie(live, awaiting, backward) <
+           std::tie(other.live, other.awaiting, other.backward);
+  }
+};
+
 /// When each action runs in the simulation.
 struct Timeline {
   /// rounds[w][k] is the round in which actions[w][k] runs.
@@ -49,6 +62,9 @@ struct Timeline {
   /// peak_awaiting_weight_microbatches[s] is the most of them past their BackwardInput at once,
   /// holding what it left for their BackwardWeight (0 where backwards are not split).
   std::vector<int64_t> peak_awaiting_weight_microbatches;
+  /// held_microbatches[s] lists, once each, what stage s held at the moments its memory can
+  /// peak: after each Forward and BackwardInput, and as each Backward or BackwardInput starts.
+  std::vector<std::vector<HeldMicrobatches>> held_microbatches;
 };
 
 /// Simulates `schedule`; throws c10::ValueError naming the worker, the position and the action
