@@ -11,9 +11,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <thread>
 
 namespace gpipe {
 namespace plan_test {
@@ -252,6 +255,66 @@ TEST(PlanTest, PlansAModelWithSkips) {
           .schedule(best.schedule)
           .stages_per_worker(best.stages_per_worker));
   EXPECT_TRUE(pipe.step(input, torch::zeros({8, 1, 16, 16})).defined());
+}
+
+// Sleeps 1 ms on the thread that made it and 10 ms on any other: a layer that costs ten times
+// as much in a pipeline's workers as alone on the planner's thread.
+struct SlowerOnWorkersImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) {
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::this_thread::get_id() == home ? 1 : 10));
+    return x;
+  }
+  std::thread::id home = std::this_thread::get_id();
+};
+TORCH_MODULE(SlowerOnWorkers);
+
+TEST(PlanTest, CalibrationScalesTheProfileByWhatAPipelineTakes) {
+  torch::manual_seed(0);
+  const torch::nn::Sequential model(torch::nn::Linear(8, 8), SlowerOnWorkers(),
+                                    torch::nn::Linear(8, 8), SlowerOnWorkers());
+  const PlanOptions options =
+      PlanOptions(2).schedules({ScheduleKind::kGPipe}).microbatches({2}).repetitions(2);
+  const torch::Tensor sample = torch::randn({8, 8});
+  const PlanReport calibrated = plan(model, sample, options);
+  ASSERT_EQ(calibrated.calibration.size(), 1u);
+  EXPECT_EQ(calibrated.calibration[0].microbatches, 2);
+  // The forwards sleep ten times as long in the workers, less the sleeps' overshoot (up to a
+  // few ms on a busy machine).
+  EXPECT_GT(calibrated.calibration[0].forward, 3.0);
+  EXPECT_LT(calibrated.calibration[0].forward, 12.0);
+  EXPECT_GT(calibrated.calibration[0].backward, 0);
+
+  const PlanReport alone = plan(model, sample, PlanOptions(options).calibrate(false));
+  EXPECT_TRUE(alone.calibration.empty());
+  EXPECT_GT(calibrated.best().step_seconds, 2.0 * alone.best().step_seconds);
+}
+
+// Calibrating trains the model for a few steps: its values, running statistics, modes and
+// gradients are as they were afterwards.
+TEST(PlanTest, CalibrationLeavesTheModelAsItWas) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(8, 8), torch::nn::BatchNorm1d(8),
+                              torch::nn::Linear(8, 8), torch::nn::Dropout(0.5));
+  model->eval();
+  std::vector<torch::Tensor> before;
+  for (const auto& t : model->parameters()) before.push_back(t.detach().clone());
+  for (const auto& t : model->buffers()) before.push_back(t.detach().clone());
+
+  const PlanReport report = plan(model, torch::randn({8, 8}), quick(2));
+  ASSERT_EQ(report.calibration.size(), 2u);  // micro-batches 2 and 4
+  for (const auto& c : report.calibration) {
+    EXPECT_TRUE(std::isfinite(c.forward) && c.forward > 0) << c.forward;
+    EXPECT_TRUE(std::isfinite(c.backward) && c.backward > 0) << c.backward;
+  }
+
+  size_t k = 0;
+  for (const auto& t : model->parameters()) {
+    EXPECT_TRUE(torch::equal(t, before[k++]));
+    EXPECT_FALSE(t.grad().defined());
+  }
+  for (const auto& t : model->buffers()) EXPECT_TRUE(torch::equal(t, before[k++]));
+  for (const auto& m : model->modules()) EXPECT_FALSE(m->is_training());
 }
 
 TEST(PlanTest, BadOptionsAreNamed) {

@@ -6,9 +6,11 @@
 // backward, and the backward split into its input and weight halves as the zero-bubble schedules
 // split it; the activations its forward keeps for backward, what the input half leaves for the
 // weight half, and what its backward allocates while it runs; its input, which is what a
-// checkpoint keeps and what a stage receives; its parameters), then searches
-// every family - schedule kind x stages per worker x micro-batches x checkpoint mode - for its
-// best balance, and ranks the families that fit the cap by predicted step time:
+// checkpoint keeps and what a stage receives; its parameters). On the CPU it then calibrates
+// the times: a few GPipe steps of the model on the workers show how much slower its layers run
+// side by side than alone, and the profile is scaled by that. It searches every family -
+// schedule kind x stages per worker x micro-batches x checkpoint mode - for its best balance,
+// and ranks the families that fit the cap by predicted step time:
 //
 //   step time  predict() (schedule/predict.h) on the family's schedule with each stage's costs
 //              the sum of its layers'; a checkpointed backward also recomputes the forward.
@@ -87,6 +89,12 @@ struct PlanOptions {
 
   /// Profiling passes per layer and micro-batch size; each cost is the median. Default: 3.
   TORCH_ARG(int64_t, repetitions) = 3;
+
+  /// On the CPU, whether to calibrate the profile: for each micro-batch count, train the model
+  /// for 1 + `repetitions` GPipe steps on `workers` worker threads (the counts taking turns)
+  /// and scale the layers' times by what the steps' forwards and backwards took against their
+  /// layers alone. Costs those steps; leaves the model as it was. Default: true.
+  TORCH_ARG(bool, calibrate) = true;
 };
 
 /// One configuration and what it is predicted to cost.
@@ -117,12 +125,21 @@ struct Rejection {
   int64_t peak_bytes = 0;
 };
 
+/// How much slower a micro-batch size's layers ran in a pipeline than alone (PlanOptions::
+/// calibrate): the factors the profile's times were multiplied by.
+struct Calibration {
+  int64_t microbatches = 1;
+  double forward = 1, backward = 1;
+};
+
 /// What plan() found.
 struct PlanReport {
   /// The families that fit the cap, each with its best balance, fastest first.
   std::vector<Plan> plans;
   std::vector<Rejection> rejected;
-  /// How long profiling and the search took.
+  /// One per micro-batch count where the profile was calibrated.
+  std::vector<Calibration> calibration;
+  /// How long profiling (calibration included) and the search took.
   double profile_seconds = 0;
   double search_seconds = 0;
 

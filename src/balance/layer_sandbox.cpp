@@ -22,35 +22,19 @@ LayerSandbox::LayerSandbox(size_t index, const std::string& name, const torch::n
     if (std::string(error.what()).find("clone() has not been implemented") == std::string::npos) {
       throw;
     }
+    const auto check = [&](const at::Tensor& tensor) {
+      TORCH_CHECK_VALUE(
+          !tensor.defined() || tensor.device() == device, "layer ", index,
+          " cannot be cloned for profiling (it is no torch::nn::Cloneable) and is on ",
+          tensor.device(), ", not on the profiling device ", device);
+    };
+    for (const auto& tensor : layer.ptr()->parameters()) check(tensor);
+    for (const auto& tensor : layer.ptr()->buffers()) check(tensor);
     copy = layer;
-    in_place_ = layer.ptr();
-  }
-  if (in_place_) {
-    for (const auto& tensor : in_place_->parameters()) save(index, tensor, device);
-    for (const auto& tensor : in_place_->buffers()) save(index, tensor, device);
-    for (const auto& module : in_place_->modules()) {
-      modes_.emplace_back(module, module->is_training());
-    }
+    in_place_.emplace(layer.ptr());
   }
   copy.ptr()->train(true);
   sequential_->push_back(name, std::move(copy));
-}
-
-LayerSandbox::~LayerSandbox() {
-  if (!in_place_) return;
-  torch::NoGradGuard no_grad;
-  for (auto& [tensor, value] : saved_) {
-    tensor.copy_(value);
-    if (tensor.grad().defined()) tensor.mutable_grad() = at::Tensor();
-  }
-  for (auto& [module, training] : modes_) module->train(training);  // parents before children
-}
-
-void LayerSandbox::save(size_t index, const at::Tensor& tensor, c10::Device device) {
-  TORCH_CHECK_VALUE(!tensor.defined() || tensor.device() == device, "layer ", index,
-                    " cannot be cloned for profiling (it is no torch::nn::Cloneable) and is on ",
-                    tensor.device(), ", not on the profiling device ", device);
-  if (tensor.defined()) saved_.emplace_back(tensor, tensor.detach().clone());
 }
 
 void detach(Batch& batch) {

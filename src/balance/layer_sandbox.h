@@ -3,6 +3,7 @@
 // restored afterwards.
 #pragma once
 
+#include "balance/module_state_guard.h"
 #include "gpipe/microbatch.h"
 
 #include <ATen/core/Tensor.h>
@@ -12,8 +13,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace gpipe {
@@ -25,20 +26,13 @@ class LayerSandbox {
  public:
   LayerSandbox(size_t index, const std::string& name, const torch::nn::AnyModule& layer,
                c10::Device device);
-  ~LayerSandbox();
-  LayerSandbox(const LayerSandbox&) = delete;
-  LayerSandbox& operator=(const LayerSandbox&) = delete;
 
   /// A Sequential of the one layer.
   torch::nn::Sequential& sequential() { return sequential_; }
 
  private:
-  void save(size_t index, const at::Tensor& tensor, c10::Device device);
-
   torch::nn::Sequential sequential_;
-  std::shared_ptr<torch::nn::Module> in_place_;           // set when profiled in place
-  std::vector<std::pair<at::Tensor, at::Tensor>> saved_;  // (tensor, its value before)
-  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> modes_;
+  std::optional<ModuleStateGuard> in_place_;  // set when profiled in place
 };
 
 /// Cuts the batch from the graph that made it, keeping which tensors require grad.

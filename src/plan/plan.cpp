@@ -3,6 +3,7 @@
 #include "gpipe/balance/block_partition.h"
 #include "gpipe/schedule/generators.h"
 #include "gpipe/schedule/predict.h"
+#include "plan/calibration.h"
 #include "plan/layer_costs.h"
 
 #include <c10/util/Exception.h>
@@ -246,6 +247,12 @@ PlanReport plan(torch::nn::Sequential model, const Batch& sample, const PlanOpti
     costs[m] =
         plan_detail::profile_layer_costs(model, scatter(sample, m)[0], options.repetitions());
   }
+  if (options.calibrate() && sample[0].device().is_cpu()) {
+    report.calibration = plan_detail::calibrate(model, sample, W, costs, options.repetitions());
+    for (const auto& calibration : report.calibration) {
+      plan_detail::apply(calibration, costs[calibration.microbatches]);
+    }
+  }
   report.profile_seconds = std::chrono::duration<double>(Clock::now() - begun).count();
 
   begun = Clock::now();
@@ -339,6 +346,16 @@ std::ostream& operator<<(std::ostream& out, const PlanReport& report) {
   if (fit_without > 0) {
     out << "ruled out: " << fit_without << " checkpointed families that fit without "
         << "checkpointing (recomputing adds time)\n";
+  }
+  if (!report.calibration.empty()) {
+    out << "calibrated, a pipeline's times over the profile's, forward / backward:";
+    for (const auto& c : report.calibration) {
+      std::snprintf(line, sizeof(line), "%s %lld micro-batches %.2f / %.2f",
+                    &c == &report.calibration.front() ? "" : ",",
+                    static_cast<long long>(c.microbatches), c.forward, c.backward);
+      out << line;
+    }
+    out << "\n";
   }
   std::snprintf(line, sizeof(line), "profiled in %.2f s, searched in %.2f s\n",
                 report.profile_seconds, report.search_seconds);

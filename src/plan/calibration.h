@@ -1,0 +1,41 @@
+// How much slower a layer runs inside a pipeline than alone: the planner's calibration.
+//
+// Each layer is profiled alone (layer_costs.h), on one busy thread. Inside a pipeline the
+// workers run side by side, and on a shared or virtual machine that costs more than the
+// arithmetic: on this project's 2-vCPU machine, a char GPT stage of 2 workers took 1.3-2x as
+// long as its layers alone, and its wall time grew more than its CPU time (the host serves two
+// busy vCPUs less well than one); more workers than cores share them. So the planner trains
+// the model for a few GPipe steps on its workers, one stage each, and compares each stage's
+// forward and backward, as traced, with the sum of its layers' profiled costs.
+#pragma once
+
+#include "gpipe/microbatch.h"
+#include "gpipe/plan.h"
+#include "plan/layer_costs.h"
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+namespace gpipe {
+namespace plan_detail {
+
+/// Measured over profiled, for each micro-batch count of `profiles` (the profile of one such
+/// micro-batch per count). Trains `model` on `sample` (a whole mini-batch, on the CPU) with
+/// GPipe on `workers` worker threads (fewer where the model has fewer layers), each with the
+/// caller's intra-op threads, cut where the count's profile balances time, and a loss of half
+/// the sum of the squared outputs: one step per count, then `steps` traced steps of each, the
+/// counts taking turns. The model is left as it was: values, buffers, modes, no gradients.
+std::vector<Calibration> calibrate(torch::nn::Sequential model, const Batch& sample,
+                                   int64_t workers,
+                                   const std::map<int64_t, std::vector<LayerCosts>>& profiles,
+                                   int64_t steps);
+
+/// `layers` with their times multiplied by `calibration`'s factors (a split backward's halves
+/// by the backward's).
+void apply(const Calibration& calibration, std::vector<LayerCosts>& layers);
+
+}  // namespace plan_detail
+}  // namespace gpipe
