@@ -107,26 +107,41 @@ TEST(TrainPlanTest, FlagsThePlanChoosesAreRefused) {
   GPIPE_EXPECT_THROW_WITH(parse_train_config(run.flags({"--plan", "maybe"})), UsageError, "--plan");
 }
 
-TEST(TrainPlanTest, TheCommandPlansOnThreadsOnly) {
+// On ranks, rank 0 plans and the others train its choice: they print nothing of their own.
+// Where nothing fits, every rank fails with rank 0's reasons rather than waiting for a choice.
+TEST(TrainPlanTest, TheCommandPlansOnRanks) {
   TinyRun run;
-  // Runs the gpipe binary; returns its exit code and its stderr.
-  const auto gpipe = [&](const std::string& environment, const std::string& arguments) {
-    const std::string err = run.file("stderr");
-    const int status = std::system((environment + " " + GPIPE_COMMAND + " " + arguments +
-                                    run.command("") + " >/dev/null 2>" + err)
-                                       .c_str());
+  // Runs `gpipe launch -n 2 -- gpipe <arguments>`; returns its exit code and its output.
+  const auto on_ranks = [&](const std::string& arguments) {
+    const std::string out = run.file("out");
+    const int status =
+        std::system((std::string(GPIPE_COMMAND) + " launch -n 2 --grace 5 -- " + GPIPE_COMMAND +
+                     " " + arguments + run.command("") + " >" + out + " 2>&1")
+                        .c_str());
     std::stringstream text;
-    text << std::ifstream(err).rdbuf();
+    text << std::ifstream(out).rdbuf();
     return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, text.str());
   };
-  EXPECT_EQ(gpipe("", "plan").first, 0);
-  // As one rank of a job it refuses (exit 2): each rank would profile and choose on its own.
-  const auto [code, message] =
-      gpipe("WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1", "plan");
-  EXPECT_EQ(code, 2);
-  EXPECT_NE(message.find("--plan profiles and plans worker threads of one process"),
-            std::string::npos)
-      << message;
+  const auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  const auto [shown, plans] = on_ranks("plan");
+  EXPECT_EQ(shown, 0) << plans;
+  EXPECT_EQ(count(plans, "gpipe train --plan: 2 ranks, planned as worker threads of rank 0"), 1u)
+      << plans;
+  EXPECT_EQ(count(plans, "choice: "), 1u) << plans;
+
+  // Ranks that trained different choices would fail to pair their messages.
+  const auto [trained, output] = on_ranks("train --plan auto --steps 2");
+  EXPECT_EQ(trained, 0) << output;
+  EXPECT_EQ(count(output, "choice: "), 1u) << output;
+
+  const auto [failed, message] = on_ranks("plan --memory-budget 0.01");
+  EXPECT_NE(failed, 0) << message;
+  EXPECT_NE(message.find("no plan fits"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 0 could not plan: no plan fits"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -47,11 +48,15 @@ int run(const std::string& command, const std::vector<std::string>& args) {
     if (command == "plan") flags.insert(flags.end(), {"--plan", "show"});
     TrainConfig config = parse_train_config(flags);
     if (config.simulate) return simulate_schedules(config, std::cout), 0;
-    if (config.plan == "show") return plan_training(config, std::cout), 0;
-    if (config.plan == "auto") config = with_plan(config, plan_training(config, std::cout));
+    // On ranks the plan travels through the group's store, and training goes on in the group.
+    std::optional<gpipe::distributed::ProcessGroup> ranks;
+    if (config.ranks && config.plan != "none") ranks = meet_ranks(config);
+    const gpipe::distributed::ProcessGroup* group = ranks ? &*ranks : nullptr;
+    if (config.plan == "show") return plan_training(config, std::cout, group), 0;
+    if (config.plan == "auto") config = with_plan(config, plan_training(config, std::cout, group));
     std::ostringstream discarded;
     train(config, config.quiet ? static_cast<std::ostream&>(discarded) : std::cout,
-          !config.quiet && isatty(STDOUT_FILENO));
+          !config.quiet && isatty(STDOUT_FILENO), group);
     return 0;
   }
   if (command == "generate") {

@@ -52,7 +52,8 @@ torch::nn::Sequential make_model(const TrainConfig& c, models::CharGPTOptions& o
   return saved.model;
 }
 
-TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
+TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive,
+                  const distributed::ProcessGroup* ranks) {
   memory::install_tracking_cpu_allocator();
   torch::manual_seed(static_cast<uint64_t>(c.seed));
   models::CharGPTOptions options;
@@ -79,7 +80,7 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive) {
   }
   const auto balance = c.balance.empty() ? balance::balance_by_count(c.stages, layers) : c.balance;
   // Every rank builds the whole model from the seed and trains its own stages.
-  const auto pipeline = TrainPipeline::make(c, model, balance);
+  const auto pipeline = TrainPipeline::make(c, model, balance, ranks);
   torch::optim::AdamW optimizer(pipeline->parameters(),
                                 torch::optim::AdamWOptions(c.learning_rate).weight_decay(0.01));
   // Every rank draws the same batches.

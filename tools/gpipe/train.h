@@ -11,6 +11,7 @@
 
 #include <gpipe/checkpoint.h>
 #include <gpipe/distributed/environment.h>
+#include <gpipe/distributed/rendezvous.h>
 #include <gpipe/schedule/generators.h>
 
 #include <c10/core/Device.h>
@@ -92,9 +93,13 @@ struct TrainReport {
 
 /// Trains as `config` says, printing progress to `out` (redrawn in place when `interactive`)
 /// and a summary at the end; on ranks, rank 0 prints and writes every output file, the others
-/// nothing. Throws UsageError for unreadable data or model files, c10::Error naming a failed
-/// rank.
-TrainReport train(const TrainConfig& config, std::ostream& out, bool interactive);
+/// nothing. On ranks, `ranks` is the group met already (meet_ranks), or null to meet it here.
+/// Throws UsageError for unreadable data or model files, c10::Error naming a failed rank.
+TrainReport train(const TrainConfig& config, std::ostream& out, bool interactive,
+                  const distributed::ProcessGroup* ranks = nullptr);
+
+/// Connects to the other ranks of `config.ranks`, waiting as long as a pipeline stage does.
+distributed::ProcessGroup meet_ranks(const TrainConfig& config);
 
 }  // namespace cli
 }  // namespace gpipe

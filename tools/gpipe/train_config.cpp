@@ -149,8 +149,8 @@ std::unique_ptr<CLI::App> train_command_line(TrainFlags& f) {
   const std::vector<std::string> plans = {"none", "show", "auto"};
   option(pipeline, "--plan", c.plan,
          "show: train nothing, rank every schedule, stages per worker, micro-batch count and "
-         "checkpointing with its best balance for the workers of --stages / --virtual-stages "
-         "(gpipe/plan.h); auto: then train with the choice")
+         "checkpointing with its best balance for the workers of --stages / --virtual-stages, "
+         "or the ranks, planned by rank 0 (gpipe/plan.h); auto: then train with the choice")
       ->type_name("MODE")
       ->check(one_of(plans));
   option(pipeline, "--memory-budget", c.memory_budget_mib,

@@ -155,11 +155,10 @@ std::string text_of(const std::vector<uint8_t>& bytes) {
 class RankPipeline final : public EnginePipeline<distributed::PipelineStage> {
  public:
   RankPipeline(const TrainConfig& c, const torch::nn::Sequential& model,
-               const std::vector<int64_t>& balance)
+               const std::vector<int64_t>& balance, const distributed::ProcessGroup* ranks)
       : EnginePipeline(c),
         model_(model),
-        group_(distributed::rendezvous(
-            *c.ranks, distributed::PipelineStageOptions(c.chunks).rendezvous_timeout())),
+        group_(ranks ? *ranks : meet_ranks(c)),
         pipeline_(group_, model, balance, char_gpt_loss,
                   scheduled(distributed::PipelineStageOptions(c.chunks), c, grad_scaler_)
                       .receive_window(c.receive_window)
@@ -321,10 +320,17 @@ class RankPipeline final : public EnginePipeline<distributed::PipelineStage> {
 
 }  // namespace
 
+distributed::ProcessGroup meet_ranks(const TrainConfig& config) {
+  TORCH_INTERNAL_ASSERT(config.ranks, "meet_ranks without ranks");
+  return distributed::rendezvous(
+      *config.ranks, distributed::PipelineStageOptions(config.chunks).rendezvous_timeout());
+}
+
 std::unique_ptr<TrainPipeline> TrainPipeline::make(const TrainConfig& config,
                                                    const torch::nn::Sequential& model,
-                                                   const std::vector<int64_t>& balance) {
-  if (config.ranks) return std::make_unique<RankPipeline>(config, model, balance);
+                                                   const std::vector<int64_t>& balance,
+                                                   const distributed::ProcessGroup* ranks) {
+  if (config.ranks) return std::make_unique<RankPipeline>(config, model, balance, ranks);
   return std::make_unique<ThreadPipeline>(config, model, balance);
 }
 

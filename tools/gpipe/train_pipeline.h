@@ -38,9 +38,11 @@ class TrainPipeline {
  public:
   /// Threads, or this process's rank where WORLD_SIZE is set (config.ranks). `model` is the
   /// whole model on every rank; its layers are the ones trained.
+  /// On ranks, `ranks` is the group met already, or null to meet it here.
   static std::unique_ptr<TrainPipeline> make(const TrainConfig& config,
                                              const torch::nn::Sequential& model,
-                                             const std::vector<int64_t>& balance);
+                                             const std::vector<int64_t>& balance,
+                                             const distributed::ProcessGroup* ranks = nullptr);
   virtual ~TrainPipeline() = default;
 
   /// One training step (forward and backward of every micro-batch); the loss, on every rank.
