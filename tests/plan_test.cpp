@@ -10,6 +10,8 @@
 
 #include <torch/torch.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -116,10 +118,13 @@ TEST(PlanTest, UnderATightCapItCheckpoints) {
   }
   ASSERT_LT(checkpointed, never) << "checkpointing should need less memory here";
 
-  const PlanReport tight = plan(model, sample, PlanOptions(options).memory_cap(never - 1));
+  // Halfway: under what a balance without checkpointing needs, though the balance search starts
+  // from the profile's times, which differ from one plan() to the next.
+  const int64_t cap = (checkpointed + never) / 2;
+  const PlanReport tight = plan(model, sample, PlanOptions(options).memory_cap(cap));
   ASSERT_FALSE(tight.plans.empty());
   EXPECT_NE(tight.best().checkpoint, CheckpointMode::kNever);
-  EXPECT_LE(tight.best().largest_peak_bytes(), never - 1);
+  EXPECT_LE(tight.best().largest_peak_bytes(), cap);
   EXPECT_TRUE(any_reason_contains(tight, "over the cap"));
 }
 
@@ -257,13 +262,21 @@ TEST(PlanTest, PlansAModelWithSkips) {
   EXPECT_TRUE(pipe.step(input, torch::zeros({8, 1, 16, 16})).defined());
 }
 
-// Sleeps 1 ms on the thread that made it and 10 ms on any other: a layer that costs ten times
-// as much in a pipeline's workers as alone on the planner's thread.
+// Computes for 1 ms of its thread's CPU time on the thread that made it and 10 ms on any other:
+// a layer that costs ten times as much in a pipeline's workers as alone on the planner's
+// thread. CPU time, not sleeps, so that a busy machine stretches both alike.
 struct SlowerOnWorkersImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) {
-    std::this_thread::sleep_for(
-        std::chrono::milliseconds(std::this_thread::get_id() == home ? 1 : 10));
+    const double seconds = std::this_thread::get_id() == home ? 1e-3 : 10e-3;
+    const double start = thread_cpu_seconds();
+    while (thread_cpu_seconds() - start < seconds) {
+    }
     return x;
+  }
+  static double thread_cpu_seconds() {
+    timespec now{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+    return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
   }
   std::thread::id home = std::this_thread::get_id();
 };
@@ -279,10 +292,10 @@ TEST(PlanTest, CalibrationScalesTheProfileByWhatAPipelineTakes) {
   const PlanReport calibrated = plan(model, sample, options);
   ASSERT_EQ(calibrated.calibration.size(), 1u);
   EXPECT_EQ(calibrated.calibration[0].microbatches, 2);
-  // The forwards sleep ten times as long in the workers, less the sleeps' overshoot (up to a
-  // few ms on a busy machine).
+  // The forwards compute ten times as long in the workers; a busy machine may share its cores
+  // differently between the planner's thread and the workers.
   EXPECT_GT(calibrated.calibration[0].forward, 3.0);
-  EXPECT_LT(calibrated.calibration[0].forward, 12.0);
+  EXPECT_LT(calibrated.calibration[0].forward, 40.0);
   EXPECT_GT(calibrated.calibration[0].backward, 0);
 
   const PlanReport alone = plan(model, sample, PlanOptions(options).calibrate(false));
