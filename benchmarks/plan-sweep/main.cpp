@@ -238,17 +238,27 @@ int main(int argc, char** argv) {
     run.pipe->step(w.input, w.target);
     return bench::seconds_since(start);
   };
+  // Each contender's step times over `rounds` rounds, one step each a round, the first one
+  // rotating, so that a shared machine's drift falls on all alike.
+  const auto side_by_side = [&](const std::vector<Run*>& contenders, int rounds) {
+    std::vector<std::vector<double>> seconds(contenders.size());
+    for (int r = 0; r < rounds; ++r) {
+      for (size_t k = 0; k < contenders.size(); ++k) {
+        const size_t c = (k + static_cast<size_t>(r)) % contenders.size();
+        seconds[c].push_back(step(*contenders[c]));
+      }
+    }
+    return seconds;
+  };
+  std::vector<Run*> all;
   for (auto& run : runs) {
     step(run);  // warm up: the schedule, the gradients
     run.peak_bytes = measure_peak_bytes(run, w, workers);
     run.tracer->clear();
+    all.push_back(&run);
   }
-  for (int r = 0; r < args.rounds; ++r) {
-    for (size_t k = 0; k < runs.size(); ++k) {
-      auto& run = runs[(k + static_cast<size_t>(r)) % runs.size()];
-      run.seconds.push_back(step(run));
-    }
-  }
+  const std::vector<std::vector<double>> seconds = side_by_side(all, args.rounds);
+  for (size_t k = 0; k < runs.size(); ++k) runs[k].seconds = seconds[k];
 
   // The sweep's fastest configuration whose measured peak fits the cap.
   const auto fits = [&](const Run& run) {
@@ -275,13 +285,7 @@ int main(int argc, char** argv) {
   if (std::find(finalists.begin(), finalists.end(), &runs.front()) == finalists.end()) {
     finalists.push_back(&runs.front());
   }
-  std::vector<std::vector<double>> again(finalists.size());
-  for (int r = 0; r < 2 * args.rounds; ++r) {
-    for (size_t k = 0; k < finalists.size(); ++k) {
-      const size_t f = (k + static_cast<size_t>(r)) % finalists.size();
-      again[f].push_back(step(*finalists[f]));
-    }
-  }
+  const std::vector<std::vector<double>> again = side_by_side(finalists, 2 * args.rounds);
   size_t chosen_again = 0, fastest_again = 0;
   for (size_t f = 0; f < finalists.size(); ++f) {
     if (finalists[f] == &runs.front()) chosen_again = f;
