@@ -275,6 +275,9 @@ TEST(DistributedTransportTest, TheNextStepsFirstReceiveIsPostedBeforeItBegins) {
     transport.barrier("flushed", std::chrono::seconds(5));
     transport.begin_step();  // the receive posted ahead is not one left over
     transport.expect(0, 1, 2);
+    GPIPE_EXPECT_THROW_WITH(transport.expect_in_next_step(0, 1), c10::ValueError,
+                            "rank 1 announced a message from stage 0 to stage 1 in the next step "
+                            "while this step's are still expected");
     EXPECT_TRUE(testing::bitwise_equal(transport.recv(0, 1, 0).tensor(), torch::full({2}, 2.0)));
     EXPECT_TRUE(testing::bitwise_equal(transport.recv(0, 1, 1).tensor(), torch::full({2}, 3.0)));
     GPIPE_EXPECT_THROW_WITH(transport.expect_in_next_step(1, 0), c10::ValueError,

@@ -330,6 +330,25 @@ TEST(PlanTest, CalibrationLeavesTheModelAsItWas) {
   for (const auto& m : model->modules()) EXPECT_FALSE(m->is_training());
 }
 
+// Calibrating needs a loss of the output, its half squares: an output with no floating-point
+// tensor is named, and calibrate(false) plans it still.
+struct ArgmaxImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) { return x.argmax(1); }
+};
+TORCH_MODULE(Argmax);
+
+TEST(PlanTest, CalibrationNamesAnOutputItCannotTakeALossOf) {
+  torch::manual_seed(0);
+  const torch::nn::Sequential model(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8), Argmax());
+  const torch::Tensor sample = torch::randn({8, 8});
+  const PlanOptions options =
+      PlanOptions(2).schedules({ScheduleKind::kGPipe}).microbatches({2}).repetitions(1);
+  GPIPE_EXPECT_THROW_WITH(plan(model, sample, options), c10::Error,
+                          "the model's output has no floating-point tensor to calibrate the "
+                          "planner's profile with a loss");
+  EXPECT_FALSE(plan(model, sample, PlanOptions(options).calibrate(false)).plans.empty());
+}
+
 TEST(PlanTest, BadOptionsAreNamed) {
   const auto model = mlp(2, 8);
   const torch::Tensor sample = torch::randn({8, 8});
