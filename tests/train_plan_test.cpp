@@ -107,6 +107,27 @@ TEST(TrainPlanTest, FlagsThePlanChoosesAreRefused) {
   GPIPE_EXPECT_THROW_WITH(parse_train_config(run.flags({"--plan", "maybe"})), UsageError, "--plan");
 }
 
+// `gpipe plan --load FILE` plans the saved model, with its sizes, as training would.
+TEST(TrainPlanTest, PlansTheSizesOfAModelFile) {
+  TinyRun run;
+  const std::string saved = run.file("model.pt");
+  std::ostringstream ignored;
+  cli::train(parse_train_config({"--data", run.file("corpus.txt"), "--layers", "2",
+                                 "--embedding-dim", "24", "--heads", "2", "--block-size", "16",
+                                 "--batch-size", "16", "--steps", "1", "--quiet", "--save", saved}),
+             ignored, /*interactive=*/false);
+  // The default model has 4 blocks of width 128; the file 2 of width 24.
+  const cli::TrainConfig config =
+      parse_train_config({"--data", run.file("corpus.txt"), "--batch-size", "16", "--quiet",
+                          "--plan", "show", "--load", saved});
+  std::ostringstream out;
+  const Plan choice = cli::plan_training(config, out);
+  EXPECT_EQ(std::accumulate(choice.balance.begin(), choice.balance.end(), int64_t{0}), 4)
+      << out.str();  // 2 blocks, the embedding and the head
+  EXPECT_NE(out.str().find("char GPT (2 blocks, width 24,"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find(" from " + saved), std::string::npos) << out.str();
+}
+
 // On ranks, rank 0 plans and the others train its choice: they print nothing of their own.
 // Where nothing fits, every rank fails with rank 0's reasons rather than waiting for a choice.
 TEST(TrainPlanTest, TheCommandPlansOnRanks) {

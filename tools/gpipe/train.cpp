@@ -52,6 +52,19 @@ torch::nn::Sequential make_model(const TrainConfig& c, models::CharGPTOptions& o
   return saved.model;
 }
 
+std::string describe_model(const torch::nn::Sequential& model,
+                           const models::CharGPTOptions& options, const std::string& file) {
+  int64_t parameters = 0;
+  std::set<const c10::TensorImpl*> counted;
+  for (const auto& p : model->parameters()) {
+    if (counted.insert(p.unsafeGetTensorImpl()).second) parameters += p.numel();
+  }
+  return c10::str("char GPT (", options.num_layers(), " blocks, width ", options.embedding_dim(),
+                  ", ", parameters, " parameters, ",
+                  options.tie_embeddings() ? "tied" : "untied", " embeddings)",
+                  file.empty() ? "" : " from ", file);
+}
+
 TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive,
                   const distributed::ProcessGroup* ranks) {
   memory::install_tracking_cpu_allocator();
@@ -93,17 +106,10 @@ TrainReport train(const TrainConfig& c, std::ostream& out, bool interactive,
   std::ostringstream elsewhere;  // what the ranks other than rank 0 would print
   std::ostream& shown = pipeline->reports() ? out : elsewhere;
 
-  int64_t parameters = 0;  // a tied one once
-  std::set<const c10::TensorImpl*> counted;
-  for (const auto& p : model->parameters()) {
-    if (counted.insert(p.unsafeGetTensorImpl()).second) parameters += p.numel();
-  }
   std::string balance_text;
   for (const auto b : balance)
     balance_text += (balance_text.empty() ? "" : ",") + std::to_string(b);
-  shown << "gpipe train: char GPT (" << options.num_layers() << " blocks, width "
-        << options.embedding_dim() << ", " << parameters << " parameters, "
-        << (options.tie_embeddings() ? "tied" : "untied") << " embeddings) on " << corpus.size()
+  shown << "gpipe train: " << describe_model(model, options, c.load) << " on " << corpus.size()
         << " bytes from " << corpus.num_files() << " files\n"
         << "  " << c.stages << " stages [" << balance_text << "] on " << pipeline->workers() << ", "
         << c.chunks << " micro-batches, schedule " << schedule_name(c) << ", checkpoint "

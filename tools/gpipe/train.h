@@ -72,6 +72,11 @@ TrainConfig parse_train_config(const std::vector<std::string>& args);
 /// The model `c` trains, seeded (the caller seeds) or loaded; `options` receives its sizes.
 torch::nn::Sequential make_model(const TrainConfig& c, models::CharGPTOptions& options);
 
+/// The model as the commands' headers name it: "char GPT (4 blocks, width 32, 59520 parameters,
+/// tied embeddings)", a tied parameter counted once, then " from <file>" where it was loaded.
+std::string describe_model(const torch::nn::Sequential& model,
+                           const models::CharGPTOptions& options, const std::string& file);
+
 /// What the summary and snapshots call the schedule: its name, or "file <path>".
 std::string schedule_name(const TrainConfig& c);
 

@@ -63,7 +63,7 @@ Plan plan_here(const TrainConfig& c, std::ostream& out) {
       << c.batch_size
       << (c.memory_budget_mib > 0 ? c10::str(", at most ", c.memory_budget_mib, " MiB a worker")
                                   : std::string())
-      << "\n"
+      << ", " << describe_model(model, options, c.load) << "\n"
       << report;
   const Plan& best = report.best();
   out << "choice: " << best.family() << ", balance";

@@ -131,7 +131,8 @@ SimulateReport simulate_schedules(const TrainConfig& c, std::ostream& out) {
   out << "gpipe train --simulate: " << W << " worker threads, " << M << " micro-batches, batch "
       << c.batch_size << "; costs of " << kProfiledSteps << " profiled steps of zb1p over " << W
       << " stages" << (doubled ? " and of zbv over " + std::to_string(2 * W) : std::string())
-      << " (no checkpointing)\n";
+      << " (no checkpointing), " << describe_model(model, options, c.load)
+      << "\n";
   char line[160];
   std::snprintf(line, sizeof(line), "%-18s %7s %16s %8s %26s\n", "schedule", "stages",
                 "predicted step", "bubble", "activations, worst worker");
