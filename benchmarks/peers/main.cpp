@@ -50,6 +50,7 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -134,6 +135,17 @@ int64_t status_kib(const std::string& field) {
   return 0;
 }
 
+// CPU seconds this process has used, every thread's (user and system): pipelining.py's
+// time.process_time().
+double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
 // The resident set the step starts from: freed heap memory (building the model and batch) given
 // back, so that the step cannot reuse it unseen, and the peak (VmHWM) reset to it.
 // pipelining.py's settled_rss() does the same.
@@ -165,19 +177,22 @@ int run_rank(const Config& c, const std::string& out) {
                                              .schedule(gs::parse_schedule_kind(c.schedule))
                                              .stages_per_worker(per_rank));
   const int64_t rss_before = settled_rss_kib();
-  std::vector<double> steps, communication;
+  std::vector<double> steps, communication, cpu;
   double loss = 0;
   for (int64_t step = 0; step < c.warmup + c.steps; ++step) {
     for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    const double cpu_start = process_cpu_seconds();
     const auto start = std::chrono::steady_clock::now();
     loss = pipe.step(input, target).item<double>();
     const double elapsed = seconds_since(start);
     if (step < c.warmup) continue;
     steps.push_back(elapsed);
+    cpu.push_back(process_cpu_seconds() - cpu_start);
     communication.push_back(pipe.last_communication_seconds());
   }
   const nlohmann::json report{{"steps", steps},
                               {"communication", communication},
+                              {"cpu", cpu},
                               {"rss_before_kib", rss_before},
                               {"hwm_kib", status_kib("VmHWM")},
                               {"loss", loss}};
@@ -295,6 +310,7 @@ struct Totals {
   std::vector<double> steps;          // each timed step: the slowest rank's time
   std::vector<double> round_steps;    // each round's median of `steps`
   std::vector<double> communication;  // gpipe: each step's mean over ranks of transport wait
+  std::vector<double> cpu;            // each step's CPU seconds, summed over ranks
   std::vector<double> peak_mib;       // per rank, the largest over the rounds
   double loss = NAN;
   std::map<std::string, at::Tensor> grads;  // the last round's
@@ -308,12 +324,14 @@ struct Totals {
     const size_t first = steps.size();
     peak_mib.resize(r.ranks.size(), 0);
     for (size_t s = 0; s < n; ++s) {
-      double slowest = 0, comm = 0;
+      double slowest = 0, comm = 0, used = 0;
       for (const auto& rank : r.ranks) {
         slowest = std::max(slowest, rank["steps"][s].get<double>());
         if (rank.contains("communication")) comm += rank["communication"][s].get<double>();
+        used += rank["cpu"][s].get<double>();
       }
       steps.push_back(slowest);
+      cpu.push_back(used);
       communication.push_back(comm / static_cast<double>(r.ranks.size()));
     }
     round_steps.push_back(median(std::vector<double>(steps.begin() + first, steps.end())));
@@ -461,8 +479,8 @@ int main(int argc, char** argv) {
   char dir[] = "/tmp/gpipe_peers_XXXXXX";
   const std::string tmp = mkdtemp(dir);
   Table table({"model", "procs", "schedule", "gpipe ms", "torch ms", "speedup",
-               "per round: min / median / max", "gpipe MiB/rank", "torch MiB/rank", "gpipe wait ms",
-               "loss diff", "grad diff"});
+               "per round: min / median / max", "CPU gpipe/torch", "gpipe MiB/rank",
+               "torch MiB/rank", "gpipe wait ms", "loss diff", "grad diff"});
   nlohmann::json rows = nlohmann::json::array();
   std::vector<std::string> errors;
   const auto begin = std::chrono::steady_clock::now();
@@ -512,7 +530,8 @@ int main(int argc, char** argv) {
         const double grad_diff = both ? grad_difference(gp.grads, pt.grads) : -1;
         table.add({model_name, procs, schedule, gp.steps.empty() ? "error" : fixed(gms, 1),
                    pt.steps.empty() ? "error" : fixed(tms, 1), both ? times(tms / gms) : "-",
-                   spread, per_rank(gp.peak_mib), per_rank(pt.peak_mib),
+                   spread, both ? times(median(gp.cpu) / median(pt.cpu)) : "-",
+                   per_rank(gp.peak_mib), per_rank(pt.peak_mib),
                    gp.communication.empty() ? "-" : fixed(median(gp.communication) * 1e3, 1),
                    scientific(loss_diff), scientific(grad_diff)});
         nlohmann::json row{{"model", model_name},
@@ -522,7 +541,9 @@ int main(int argc, char** argv) {
                            {"torch_step_seconds", pt.steps},
                            {"gpipe_peak_mib", gp.peak_mib},
                            {"torch_peak_mib", pt.peak_mib},
-                           {"gpipe_communication_seconds", gp.communication}};
+                           {"gpipe_communication_seconds", gp.communication},
+                           {"gpipe_cpu_seconds", gp.cpu},
+                           {"torch_cpu_seconds", pt.cpu}};
         if (both) {
           row["speedup"] = tms / gms;
           row["speedup_per_round"] = speedups;
@@ -546,7 +567,9 @@ int main(int argc, char** argv) {
   std::printf("\n");
   table.print();
   std::printf(
-      "\nspeedup: torch ms / gpipe ms (above 1: gpipe faster). MiB/rank: each rank's peak resident "
+      "\nspeedup: torch ms / gpipe ms (above 1: gpipe faster). CPU: the CPU time a "
+      "step takes on all ranks together (every thread, user and system), median, gpipe's over "
+      "torch's. MiB/rank: each rank's peak resident "
       "set above its resident set before the first step (freed memory given back). gpipe wait: "
       "mean over ranks of the time "
       "a step spends in sends and receives (includes waiting for other ranks: the bubble). loss "

@@ -149,23 +149,27 @@ def main():
     args = (x,) if first else ()
 
     rss_before = settled_rss_kib()
-    times, loss = [], None
+    times, cpu, loss = [], [], None
     for step in range(a.warmup + a.steps):
         for m in modules:
             m.zero_grad(set_to_none=True)
         losses = []
+        cpu_start = time.process_time()
         start = time.perf_counter()
         if last:
             schedule.step(*args, target=y, losses=losses)
         else:
             schedule.step(*args)
         elapsed = time.perf_counter() - start
+        used = time.process_time() - cpu_start
         if step >= a.warmup:
             times.append(elapsed)
+            cpu.append(used)
         if last:
             loss = float(torch.stack(losses).mean())
     report = {
         "steps": times,
+        "cpu": cpu,
         "rss_before_kib": rss_before,
         "hwm_kib": status_kib("VmHWM"),
         "loss": loss,
