@@ -64,6 +64,28 @@ TEST(SchedulePredictTest, ZeroBubbleAndInterleavedTakeWhatThePapersSay) {
   }
 }
 
+// In the steady state of ZBV and interleaved ZB1P each message has an action's time to arrive,
+// so a link's latency costs the warm-up and the cool-down, not every micro-batch: the step grows
+// as much at 4W micro-batches as at 2W. (The orders simulated with free messages alone left
+// messages on the critical path all along: with 4 workers a latency of 0.1 added 3.4 actions at
+// 8 micro-batches, 6.6 at 16.)
+TEST(SchedulePredictTest, ZeroBubbleOrdersHideTheLinkInTheirSteadyState) {
+  for (const int64_t W : {2, 3, 4, 8}) {
+    for (const bool v_shape : {true, false}) {
+      SCOPED_TRACE(c10::str(W, " workers, ", v_shape ? "zbv" : "interleaved_zb1p"));
+      const auto added_by_latency = [&](int64_t M) {
+        const Schedule schedule = v_shape ? zbv_schedule(W, M) : interleaved_zb1p_schedule(W, 2, M);
+        ActionCosts costs = ActionCosts::unit(2 * W);
+        const double free_messages = predict(schedule, costs).step_time;
+        EXPECT_DOUBLE_EQ(free_messages, static_cast<double>(6 * M + W - 1));
+        costs.latency = 0.1;
+        return predict(schedule, costs).step_time - free_messages;
+      };
+      EXPECT_NEAR(added_by_latency(4 * W), added_by_latency(2 * W), 1e-9);
+    }
+  }
+}
+
 // A message between workers takes its latency plus its bytes; one between two stages of one
 // worker, nothing.
 TEST(SchedulePredictTest, MessagesTakeWhatTheyCost) {

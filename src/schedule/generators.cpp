@@ -1,5 +1,6 @@
 #include "gpipe/schedule/generators.h"
 
+#include "schedule/faster_order.h"
 #include "schedule/generator_checks.h"
 #include "schedule/greedy_split_backward.h"
 
@@ -8,6 +9,7 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <deque>
 #include <utility>
 #include <vector>
 
@@ -186,11 +188,35 @@ Schedule interleaved_zb1p_schedule(int64_t num_workers, int64_t stages_per_worke
   detail::check_stages(num_workers, stages_per_worker, num_microbatches);
   const int64_t W = num_workers;
   const int64_t v = stages_per_worker;
-  // Interleaved 1F1B's warm-up bound on what a worker holds, and W more micro-batches waiting
-  // for their weight gradients, as ZB1P's last stage holds.
-  return detail::greedy_split_backward(
-      W, v, num_microbatches, Placement::kLooped,
-      [W, v](int64_t w) { return interleaved_warmup(W, v, w) + W; });
+  // Simulated, with interleaved 1F1B's warm-up bound on what a worker holds and W more
+  // micro-batches waiting for their weight gradients, as ZB1P's last stage holds.
+  Schedule simulated =
+      detail::greedy_split_backward(W, v, num_microbatches, Placement::kLooped,
+                                    [W, v](int64_t w) { return interleaved_warmup(W, v, w) + W; });
+  // Interleaved 1F1B's order with each backward split: its input half where the backward was,
+  // its weight half w input halves later on worker w (the lag torch.distributed.pipelining's
+  // interleaved zero bubble gives it), so that each message has an action's time to arrive.
+  const Schedule interleaved = interleaved_one_f_one_b_schedule(W, v, num_microbatches);
+  std::vector<std::vector<Action>> computes(W);
+  for (const auto w : c10::irange(W)) {
+    std::deque<Action> deferred;
+    for (const Action& a : interleaved.actions[w]) {
+      if (a.kind == ActionKind::kForward) {
+        computes[w].push_back(a);
+      } else if (a.kind == ActionKind::kBackward) {
+        computes[w].push_back({ActionKind::kBackwardInput, a.microbatch, a.stage});
+        deferred.push_back({ActionKind::kBackwardWeight, a.microbatch, a.stage});
+        if (static_cast<int64_t>(deferred.size()) > w) {
+          computes[w].push_back(deferred.front());
+          deferred.pop_front();
+        }
+      }
+    }
+    computes[w].insert(computes[w].end(), deferred.begin(), deferred.end());
+  }
+  return detail::faster_order(
+      std::move(simulated),
+      with_communication(Schedule{W, W * v, num_microbatches, Placement::kLooped, computes}));
 }
 
 Schedule looped_bfs_schedule(int64_t num_workers, int64_t stages_per_worker,

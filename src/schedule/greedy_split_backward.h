@@ -1,5 +1,6 @@
-// The zero-bubble schedules of several stages per worker (ZBV, interleaved ZB1P; generators.h),
-// made by one simulation in unit-time ticks. In each tick each worker runs the input gradient of
+// One order for the zero-bubble schedules of several stages per worker (ZBV, interleaved ZB1P;
+// generators.h), which keep it where it beats their other (faster_order.h): a simulation in
+// unit-time ticks. In each tick each worker runs the input gradient of
 // its oldest ready micro-batch (the critical path), else a forward - the stage nearer the loss
 // first - while it holds fewer than limit(w) micro-batches (forwarded, weight gradient not computed
 // yet), else its oldest pending weight gradient; the bound lifts only in a tick where nothing else

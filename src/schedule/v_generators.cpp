@@ -1,11 +1,13 @@
 #include "gpipe/schedule/generators.h"
 
+#include "schedule/faster_order.h"
 #include "schedule/generator_checks.h"
 #include "schedule/greedy_split_backward.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <vector>
@@ -13,11 +15,76 @@
 namespace gpipe {
 namespace schedule {
 
+namespace {
+
+// ZB-V phase by phase, as the paper (Qi et al., 2024) and torch.distributed.pipelining write it,
+// for worker w of W: forwards down the V until the first micro-batch comes back, then for each
+// micro-batch F, B, W of the stage going down and of the one coming back, so that a message
+// always has an action's time to arrive; micro-batches are counted as if there were at least
+// 2W - 1, and those past M left out.
+Schedule zbv_phases(int64_t W, int64_t M) {
+  const int64_t counted = std::max(2 * W - 1, M);
+  std::vector<std::vector<Action>> computes(W);
+  for (const auto w : c10::irange(W)) {
+    const int64_t down = w, up = 2 * W - 1 - w;
+    int64_t forwards_down = 0, forwards_up = 0, backwards_down = 0, backwards_up = 0;
+    std::vector<Action> actions;
+    const auto forward = [&](int64_t stage, int64_t& count) {
+      actions.push_back({ActionKind::kForward, count++, stage});
+    };
+    const auto input = [&](int64_t stage, int64_t i) {
+      actions.push_back({ActionKind::kBackwardInput, i, stage});
+    };
+    const auto weight = [&](int64_t stage, int64_t i) {
+      actions.push_back({ActionKind::kBackwardWeight, i, stage});
+    };
+    for (int64_t k = 0; k < 2 * (W - w) - 1; ++k) forward(down, forwards_down);
+    for (int64_t k = 0; k < w; ++k) {
+      forward(up, forwards_up);
+      forward(down, forwards_down);
+    }
+    for (int64_t k = 0; k < W - w; ++k) {
+      forward(up, forwards_up);
+      input(up, backwards_up);
+      weight(up, backwards_up++);
+    }
+    while (forwards_up < forwards_down || forwards_down < counted) {
+      if (forwards_down < counted) forward(down, forwards_down);
+      input(down, backwards_down);
+      weight(down, backwards_down++);
+      forward(up, forwards_up);
+      input(up, backwards_up);
+      weight(up, backwards_up++);
+    }
+    int64_t weights_down = backwards_down, weights_up = backwards_up;
+    for (int64_t k = 0; k < w; ++k) {
+      input(down, backwards_down++);
+      input(up, backwards_up++);
+    }
+    for (int64_t k = 0; k < W - w; ++k) {
+      input(down, backwards_down++);
+      weight(down, weights_down++);
+    }
+    while (weights_up < backwards_up) weight(up, weights_up++);
+    while (weights_down < backwards_down) weight(down, weights_down++);
+    for (const Action& a : actions) {
+      if (a.microbatch < M) computes[w].push_back(a);
+    }
+  }
+  return with_communication(Schedule{W, 2 * W, M, Placement::kV, computes});
+}
+
+}  // namespace
+
 Schedule zbv_schedule(int64_t num_workers, int64_t num_microbatches) {
   detail::check_v_size(num_workers, num_microbatches);
-  // A worker holds at most 2W half-size micro-batches: the memory of 1F1B's first stage.
-  return detail::greedy_split_backward(num_workers, 2, num_microbatches, Placement::kV,
-                                       [num_workers](int64_t) { return 2 * num_workers; });
+  // Simulated, a worker holding at most 2W half-size micro-batches (the memory of 1F1B's first
+  // stage), it packs the fewest micro-batches tightest; the phases hide messages (and hold as
+  // many).
+  return detail::faster_order(
+      detail::greedy_split_backward(num_workers, 2, num_microbatches, Placement::kV,
+                                    [num_workers](int64_t) { return 2 * num_workers; }),
+      zbv_phases(num_workers, num_microbatches));
 }
 
 namespace {

@@ -94,8 +94,9 @@ Schedule zb1p_schedule(int64_t num_stages, int64_t num_microbatches);
 Schedule interleaved_one_f_one_b_schedule(int64_t num_workers, int64_t stages_per_worker,
                                           int64_t num_microbatches);
 
-/// ZBV: `num_workers` workers with two stages each in a V (Placement::kV). Throws
-/// c10::ValueError unless both are positive.
+/// ZBV: `num_workers` workers with two stages each in a V (Placement::kV); of a simulated order
+/// and ZB-V's phases, the faster (docs/schedules.md). Throws c10::ValueError unless both are
+/// positive.
 Schedule zbv_schedule(int64_t num_workers, int64_t num_microbatches);
 
 /// DualPipeV: `num_workers` workers with two stages each in a V (Placement::kV). Throws
@@ -111,9 +112,11 @@ Schedule v_min_schedule(int64_t num_workers, int64_t num_microbatches);
 /// stages for a smaller bubble. Throws c10::ValueError unless both are positive.
 Schedule v_half_schedule(int64_t num_workers, int64_t num_microbatches);
 
-/// Interleaved ZB1P: interleaved 1F1B's looped stages with backwards split as in ZB1P, made as
-/// ZBV is, with interleaved 1F1B's warm-up bound plus W micro-batches waiting for their weight
-/// gradients. Throws c10::ValueError unless all three are positive.
+/// Interleaved ZB1P: interleaved 1F1B's looped stages with backwards split as in ZB1P; of a
+/// simulated order (a worker holding at most interleaved 1F1B's warm-up bound plus W
+/// micro-batches waiting for their weight gradients) and interleaved 1F1B's order with each
+/// backward split, the faster (docs/schedules.md). Throws c10::ValueError unless all three are
+/// positive.
 Schedule interleaved_zb1p_schedule(int64_t num_workers, int64_t stages_per_worker,
                                    int64_t num_microbatches);
 
