@@ -17,7 +17,8 @@
 // where it cannot make the link.
 //
 // Default: gpipe train's own model and data, batch 32 in 4 micro-batches, 150 steps a run
-// (--steps), schedules gpipe, 1f1b and zb1p (--schedules), a delay of 5 ms (--delays 1,5: each),
+// (--steps), schedules gpipe, 1f1b and zb1p (--schedules; those that loop stages or place them
+// in a V get 2 per rank), a delay of 5 ms (--delays 1,5: each),
 // --rounds N. $GPIPE_TRAIN_FLAGS is added to gpipe train's flags, e.g. "--receive-window 1"
 // (predict() still assumes the automatic window).
 //
@@ -89,13 +90,20 @@ double train(const DelayedLink& link, const std::string& flags, int port, std::s
   return std::stod(match[1]);
 }
 
+// Stages per rank: 2 for the schedules that loop stages or place them in a V, else 1.
+int64_t stages_per_rank(const std::string& schedule) {
+  const gs::ScheduleKind kind = gs::parse_schedule_kind(schedule);
+  return gs::loops_stages(kind) || gs::placement_of(kind) == gs::Placement::kV ? 2 : 1;
+}
+
 // What predict() expects each ms of one-way delay to add to a step of `schedule`, in ms: equal
 // stages, forward 1 and backward 2 (each half 1) scaled to the measured step without delay, and
 // the receive window gpipe train's ranks use (PipelineStageOptions::receive_window's automatic
 // one: the most micro-batches a stage holds at once).
 double predicted_slope(const std::string& schedule, double step_ms, double delay_ms) {
-  const auto plan = gs::make_schedule(gs::parse_schedule_kind(schedule), 2, 2, kChunks);
-  gs::ActionCosts costs = gs::ActionCosts::unit(2);
+  const int64_t stages = 2 * stages_per_rank(schedule);
+  const auto plan = gs::make_schedule(gs::parse_schedule_kind(schedule), 2, stages, kChunks);
+  gs::ActionCosts costs = gs::ActionCosts::unit(stages);
   const auto live = gs::predict(plan, costs).peak_live_microbatches;
   costs.receive_window = *std::max_element(live.begin(), live.end());
   const double unit_step = gs::predict(plan, costs).step_time;
@@ -245,8 +253,8 @@ int main(int argc, char** argv) {
   };
 
   const char* extra = std::getenv("GPIPE_TRAIN_FLAGS");
-  const std::string flags = " train --stages 2 --batch-size " + std::to_string(kBatch) +
-                            " --chunks " + std::to_string(kChunks) + " --steps " + steps_flag +
+  const std::string flags = " train --batch-size " + std::to_string(kBatch) + " --chunks " +
+                            std::to_string(kChunks) + " --steps " + steps_flag +
                             (extra ? " " + std::string(extra) : "");
   std::map<int, std::vector<double>> round_trips;         // by delay
   std::map<std::pair<std::string, int>, PhasedRun> runs;  // by schedule and delay, all rounds
@@ -270,9 +278,12 @@ int main(int argc, char** argv) {
       }
       round_trips[delay].push_back(round_trip);
       for (const auto& schedule : order) {
-        const PhasedRun run =
-            phased_run(link, flags + " --schedule " + schedule, port++,
-                       std::chrono::milliseconds(delay), trace_of(schedule, delay, round), &error);
+        const PhasedRun run = phased_run(
+            link,
+            flags + " --schedule " + schedule + " --stages " +
+                std::to_string(2 * stages_per_rank(schedule)) + " --virtual-stages " +
+                std::to_string(stages_per_rank(schedule)),
+            port++, std::chrono::milliseconds(delay), trace_of(schedule, delay, round), &error);
         if (run.undelayed_ms.empty() || interrupted) {
           std::fprintf(stderr, "link_delay: %s\n", interrupted ? "interrupted" : error.c_str());
           return 1;
