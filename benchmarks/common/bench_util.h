@@ -8,6 +8,7 @@
 
 #include "gpipe/cpu_malloc.h"
 #include "gpipe/memory.h"
+#include "gpipe/schedule/schedule_kind.h"
 #include "launcher.h"
 
 #include <c10/util/irange.h>
@@ -32,6 +33,15 @@
 
 namespace gpipe {
 namespace bench {
+
+/// Stages per rank a benchmark gives the schedule named `schedule`: 2 for the kinds that loop
+/// stages or place them in a V, else 1.
+inline int64_t stages_per_rank(const std::string& schedule) {
+  const schedule::ScheduleKind kind = schedule::parse_schedule_kind(schedule);
+  return schedule::loops_stages(kind) || schedule::placement_of(kind) == schedule::Placement::kV
+             ? 2
+             : 1;
+}
 
 /// The command line of a benchmark.
 struct Args {
@@ -61,8 +71,8 @@ inline Args parse_args(int argc, char** argv, const std::string& name, const std
   for (const Flag& flag : own) {
     own_usage += " [" + flag.name + " VALUE]";
     const size_t pad = flag.name.size() < 11 ? 13 - flag.name.size() : 2;
-    own_help += "  " + flag.name + std::string(pad, ' ') + flag.help + " (default '" +
-                *flag.value + "')\n";
+    own_help +=
+        "  " + flag.name + std::string(pad, ' ') + flag.help + " (default '" + *flag.value + "')\n";
   }
   auto usage = [&](std::FILE* out) {
     std::fprintf(out,
@@ -99,8 +109,8 @@ inline Args parse_args(int argc, char** argv, const std::string& name, const std
         args.rounds = static_cast<int>(rounds);
       }
     } else {
-      const auto it = std::find_if(own.begin(), own.end(),
-                                   [&](const Flag& f) { return f.name == flag; });
+      const auto it =
+          std::find_if(own.begin(), own.end(), [&](const Flag& f) { return f.name == flag; });
       if (it == own.end()) fail("unknown argument " + flag);
       if (k + 1 == argc) fail(flag + " needs a value");
       *it->value = argv[++k];

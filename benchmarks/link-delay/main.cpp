@@ -90,12 +90,6 @@ double train(const DelayedLink& link, const std::string& flags, int port, std::s
   return std::stod(match[1]);
 }
 
-// Stages per rank: 2 for the schedules that loop stages or place them in a V, else 1.
-int64_t stages_per_rank(const std::string& schedule) {
-  const gs::ScheduleKind kind = gs::parse_schedule_kind(schedule);
-  return gs::loops_stages(kind) || gs::placement_of(kind) == gs::Placement::kV ? 2 : 1;
-}
-
 // What predict() expects each ms of one-way delay to add to a step of `schedule`, in ms: equal
 // stages, forward 1 and backward 2 (each half 1) scaled to the measured step without delay, and
 // the receive window gpipe train's ranks use (PipelineStageOptions::receive_window's automatic

@@ -91,13 +91,6 @@ struct Config {
   int64_t receive_window = 0;  // gpipe's PipelineStageOptions::receive_window
 };
 
-int64_t stages_per_rank(const std::string& schedule) {
-  return schedule == "interleaved_1f1b" || schedule == "interleaved_zb1p" || schedule == "zbv" ||
-                 schedule == "looped_bfs"
-             ? 2
-             : 1;
-}
-
 // n values in [-0.5, 0.5) from a hash of their index; pipelining.py's formula().
 at::Tensor formula(int64_t n, double salt) {
   const at::Tensor k = torch::arange(n, torch::kFloat64);
