@@ -219,13 +219,13 @@ TEST(DocsTest, PlanningSnippet) {
     sequential->push_back(torch::nn::Linear(32, 32));
     sequential->push_back(torch::nn::Tanh());
   }
-  const torch::Tensor batch = torch::randn({64, 32}), target = torch::randn({64, 32});
+  const torch::Tensor input = torch::randn({64, 32}), target = torch::randn({64, 32});
   const schedule::LossFunction mse = [](const Batch& output, const Batch& target) {
     return torch::mse_loss(output.tensor(), target.tensor());
   };
   // clang-format off
   const gpipe::PlanReport report = gpipe::plan(
-      sequential, /*sample=*/batch,
+      sequential, /*sample=*/input, target, mse,  // the batch and loss it will train with
       gpipe::PlanOptions(/*workers=*/2).memory_cap(64 << 20).param_scale(4.0));  // Adam
   std::cout << report;  // the ranked plans, the families ruled out and why
   const gpipe::Plan& best = report.best();
@@ -236,7 +236,7 @@ TEST(DocsTest, PlanningSnippet) {
           .stages_per_worker(best.stages_per_worker)
           .checkpoint(best.checkpoint));
   // clang-format on
-  const torch::Tensor loss = pipe.step(batch, target);
+  const torch::Tensor loss = pipe.step(input, target);
   EXPECT_TRUE(std::isfinite(loss.item<double>()));
   EXPECT_LE(best.largest_peak_bytes(), 64 << 20);
 }

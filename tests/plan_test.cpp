@@ -178,20 +178,24 @@ TEST(PlanTest, BalancesUnevenLayersByTheirCost) {
 // hold: no prediction is more than 10% under what the step held, GPipe's or ZB1P's (whose split
 // backward holds what its input half left between its halves). GPipe's chain on one worker is
 // also within 10% over; elsewhere the model runs higher (docs/planning.md).
-void expect_predicted_activations(torch::nn::Sequential model, int64_t workers, bool close) {
+schedule::LossFunction mse() {
+  return [](const Batch& output, const Batch& target) {
+    return torch::mse_loss(output.tensor(), target.tensor());
+  };
+}
+
+void expect_predicted_activations(torch::nn::Sequential model, int64_t workers, bool close,
+                                  const schedule::LossFunction& loss = mse()) {
   const torch::Tensor input = torch::randn({512, 64});
   const torch::Tensor target = torch::randn({512, 64});
-  const PlanReport report = plan(model, input,
+  const PlanReport report = plan(model, input, target, loss,
                                  quick(workers)
                                      .schedules({ScheduleKind::kGPipe, ScheduleKind::kZeroBubble})
                                      .microbatches({4}));
   ASSERT_EQ(report.plans.size(), 2u);
-  const schedule::LossFunction mse = [](const Batch& output, const Batch& target) {
-    return torch::mse_loss(output.tensor(), target.tensor());
-  };
   for (const Plan& p : report.plans) {
     SCOPED_TRACE(p.family());
-    schedule::PipelineSchedule pipe(model, p.balance, mse,
+    schedule::PipelineSchedule pipe(model, p.balance, loss,
                                     schedule::PipelineScheduleOptions(p.microbatches)
                                         .schedule(p.schedule)
                                         .stages_per_worker(p.stages_per_worker));
@@ -238,6 +242,61 @@ TEST(PlanTest, PredictedActivationsPerWorkerAreWhatAStepHolds) {
   expect_predicted_activations(mlp(4, 64), 1, /*close=*/true);
   torch::manual_seed(0);
   expect_predicted_activations(torch::nn::Sequential(Block(), Block()), 2, /*close=*/false);
+}
+
+// A loss that widens the output 64 -> 2048 before it reduces keeps 32 times a layer's
+// activations for its backward: the last stage's largest share, which the prediction counts.
+TEST(PlanTest, PredictedActivationsCountWhatTheLossKeeps) {
+  const torch::Tensor projection = torch::randn({64, 2048});
+  const schedule::LossFunction wide = [projection](const Batch& output, const Batch& target) {
+    return (output.tensor().matmul(projection).tanh() - target.tensor().sum()).pow(2).mean();
+  };
+  expect_predicted_activations(mlp(4, 64), 1, /*close=*/true, wide);
+  expect_predicted_activations(mlp(4, 64), 2, /*close=*/false, wide);
+}
+
+// Spins for `seconds` of its thread's CPU time: work that a busy machine stretches as it
+// stretches the layers'.
+void spin(double seconds) {
+  const auto cpu_seconds = [] {
+    timespec now{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+    return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+  };
+  const double start = cpu_seconds();
+  while (cpu_seconds() - start < seconds) {
+  }
+}
+
+// A loss that costs as much as several layers: the planner counts it to the last stage, which
+// then takes fewer layers, and the calibration, which trains with it, does not mistake its
+// time for the layers' being slower.
+TEST(PlanTest, AnExpensiveLossCountsToTheLastStage) {
+  const auto model = mlp(4, 64);
+  const torch::Tensor input = torch::randn({64, 64});
+  const torch::Tensor target = torch::randn({64, 64});
+  const schedule::LossFunction slow = [](const Batch& output, const Batch& target) {
+    spin(5e-3);
+    return torch::mse_loss(output.tensor(), target.tensor());
+  };
+  const PlanOptions options =
+      PlanOptions(2).schedules({ScheduleKind::kOneFOneB}).microbatches({4}).repetitions(3);
+
+  const PlanOptions uncalibrated = PlanOptions(options).calibrate(false);
+  const PlanReport cheap = plan(model, input, target, mse(), uncalibrated);
+  const PlanReport costly = plan(model, input, target, slow, uncalibrated);
+  // 4 micro-batches' forwards each spin 5 ms on the last stage, all on the critical path.
+  EXPECT_GT(costly.best().step_seconds - cheap.best().step_seconds, 4 * 5e-3 * 0.9);
+  const std::vector<int64_t> balance = costly.best().balance;
+  ASSERT_EQ(balance.size(), 2u);
+  EXPECT_EQ(balance[1], 1) << "the last stage should keep one layer beside the loss";
+
+  const PlanReport calibrated = plan(model, input, target, slow, options);
+  ASSERT_EQ(calibrated.calibration.size(), 1u);
+  // The spin is most of the last stage's forward: counted as a layer's time, the factor would
+  // be in the tens.
+  EXPECT_LT(calibrated.calibration[0].forward, 4.0);
+  EXPECT_EQ(calibrated.best().balance, balance);
 }
 
 // Skips (skip/skippable.h): each layer is profiled with what the layers before it stashed,
@@ -347,6 +406,22 @@ TEST(PlanTest, CalibrationNamesAnOutputItCannotTakeALossOf) {
                           "the model's output has no floating-point tensor to calibrate the "
                           "planner's profile with a loss");
   EXPECT_FALSE(plan(model, sample, PlanOptions(options).calibrate(false)).plans.empty());
+}
+
+TEST(PlanTest, ALossOrTargetItCannotUseIsNamed) {
+  const auto model = mlp(2, 8);
+  const torch::Tensor sample = torch::randn({8, 8});
+  const PlanOptions options = quick(2).calibrate(false);
+  GPIPE_EXPECT_THROW_WITH(plan(model, sample, torch::randn({6, 8}), mse(), options),
+                          c10::ValueError, "the target's batch size must be the sample's (8)");
+  GPIPE_EXPECT_THROW_WITH(
+      plan(model, sample, torch::randn({8, 8}), schedule::LossFunction(), options), c10::ValueError,
+      "the loss function is empty");
+  const schedule::LossFunction per_sample = [](const Batch& output, const Batch& target) {
+    return (output.tensor() - target.tensor()).pow(2).mean(1);
+  };
+  GPIPE_EXPECT_THROW_WITH(plan(model, sample, torch::randn({8, 8}), per_sample, options),
+                          c10::ValueError, "the loss function must return a scalar");
 }
 
 TEST(PlanTest, BadOptionsAreNamed) {

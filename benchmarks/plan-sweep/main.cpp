@@ -172,7 +172,8 @@ int64_t leanest_one_f_one_b(const gpipe::PlanReport& report) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "gpt", workers_flag = "2", batch_flag = "32", cap_flag = "none";
+  std::string model = "gpt", workers_flag = "2", batch_flag = "32", cap_flag = "none",
+              loss_flag = "model";
   const auto args = bench::parse_args(
       argc, argv, "plan-sweep",
       "gpipe::plan's choice and predictions against a measured sweep of every family it finds\n"
@@ -182,7 +183,9 @@ int main(int argc, char** argv) {
        {"--workers", &workers_flag, "worker threads, one intra-op thread each"},
        {"--batch", &batch_flag, "samples per step"},
        {"--cap", &cap_flag,
-        "none, tight (80% of the leanest 1F1B without checkpointing) or MiB per worker"}});
+        "none, tight (80% of the leanest 1F1B without checkpointing) or MiB per worker"},
+       {"--plan-loss", &loss_flag,
+        "model (plan with the loss the sweep trains with) or none (plan without a loss)"}});
   const int64_t workers = std::stoll(workers_flag);
   const int64_t batch = std::stoll(batch_flag);
   at::set_num_threads(1);
@@ -190,27 +193,35 @@ int main(int argc, char** argv) {
   gpipe::memory::install_tracking_cpu_allocator();
   Workload w = make_workload(model, batch);
 
+  TORCH_CHECK_VALUE(loss_flag == "model" || loss_flag == "none",
+                    "--plan-loss must be model or none, not ", loss_flag);
+  const auto plan = [&](const gpipe::PlanOptions& options) {
+    return loss_flag == "none" ? gpipe::plan(w.model, gpipe::Batch(w.input), options)
+                               : gpipe::plan(w.model, gpipe::Batch(w.input), gpipe::Batch(w.target),
+                                             w.loss, options);
+  };
   gpipe::PlanOptions options(workers);
   options.param_scale(2.0);  // weights and gradients: what measure_peak_bytes counts
   int64_t cap = 0;
   double planning_seconds = 0;
   if (cap_flag == "tight") {
     // Plan once without a cap to find what 1F1B needs at its leanest.
-    const gpipe::PlanReport free = gpipe::plan(w.model, gpipe::Batch(w.input), options);
+    const gpipe::PlanReport free = plan(options);
     planning_seconds += free.profile_seconds + free.search_seconds;
     cap = static_cast<int64_t>(0.8 * static_cast<double>(leanest_one_f_one_b(free)));
   } else if (cap_flag != "none") {
     cap = static_cast<int64_t>(std::stod(cap_flag) * (1 << 20));
   }
   options.memory_cap(cap);
-  const gpipe::PlanReport report = gpipe::plan(w.model, gpipe::Batch(w.input), options);
+  const gpipe::PlanReport report = plan(options);
   planning_seconds += report.profile_seconds + report.search_seconds;
   std::printf("%s, %lld worker threads x 1 intra-op thread%s\n", w.name.c_str(),
               static_cast<long long>(workers),
               cap ? (", cap " + bench::fixed(bench::mib(cap), 1) + " MiB a worker").c_str() : "");
-  std::printf("planned in %.2f s (profile %.2f s, search %.3f s): %zu plans fit, %zu ruled out\n",
-              planning_seconds, report.profile_seconds, report.search_seconds, report.plans.size(),
-              report.rejected.size());
+  std::printf(
+      "planned %s in %.2f s (profile %.2f s, search %.3f s): %zu plans fit, %zu ruled out\n",
+      loss_flag == "none" ? "without the loss" : "with the loss", planning_seconds,
+      report.profile_seconds, report.search_seconds, report.plans.size(), report.rejected.size());
   for (const auto& c : report.calibration) {
     std::printf("calibrated at %lld micro-batches: forward x%.2f, backward x%.2f\n",
                 static_cast<long long>(c.microbatches), c.forward, c.backward);

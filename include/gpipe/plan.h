@@ -13,20 +13,22 @@
 // and ranks the families that fit the cap by predicted step time:
 //
 //   step time  predict() (schedule/predict.h) on the family's schedule with each stage's costs
-//              the sum of its layers'; a checkpointed backward also recomputes the forward.
+//              the sum of its layers' (the last stage's with the loss's, where plan() has it);
+//              a checkpointed backward also recomputes the forward.
 //   memory     per worker, the parameters (times param_scale: weights, gradients, optimizer
 //              state) of its layers, plus per stage the most it holds at any moment of the
 //              schedule (predict()'s held_microbatches): each micro-batch forwarded holds the
 //              stage's activations (the first layer's and what each next one adds: its input
-//              goes unless it saved it); one past a split backward's input half also holds
-//              what that half left for the weight half, and its input gradient until the stage
-//              before takes it, while its input stays counted to the stage before until this
-//              stage's weight half; a backward that starts allocates what the most of its
-//              layers' backwards allocate while they run (on the last stage, plus the loss's
-//              gradient of its output). With checkpointing, each live micro-batch holds only
-//              the stage's input, plus one micro-batch's whole activations while a backward
-//              recomputes (and the last micro-batch's, spared by kExceptLast). The stages'
-//              peaks are added, as if they coincided.
+//              goes unless it saved it; on the last stage, what the loss keeps); one past a split
+//              backward's input half also holds what that half left for the weight half, and its
+//              input gradient until the stage before takes it, while its input stays counted to the
+//              stage before until this stage's weight half; a backward that starts allocates what
+//              the most of its layers' backwards allocate while they run (on the last stage, plus
+//              what the loss's backward allocates: at least the gradient of the output). With
+//              checkpointing, each live micro-batch holds only the stage's input, plus one
+//              micro-batch's whole activations while a backward recomputes (and the last
+//              micro-batch's, spared by kExceptLast). The stages' peaks are added, as if they
+//              coincided.
 //   balance    starts from the partition whose slowest stage is fastest (block_partition), and
 //              from the one whose largest stage is smallest, then moves one layer at a time
 //              across a cut while that lowers the predicted step time (or, over the cap, the
@@ -43,6 +45,7 @@
 #include "gpipe/checkpoint.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/schedule/schedule_kind.h"
+#include "gpipe/schedule/stage.h"
 
 #include <torch/arg.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -151,7 +154,19 @@ struct PlanReport {
 /// Throws c10::ValueError for fewer than one worker, a negative cap, no schedules, a
 /// micro-batch count below 1 or above the batch size, param_scale below 0, a negative link, or
 /// fewer than one repetition; and as profile_times() for a model it cannot profile.
+///
+/// Without a loss, the last stage's backward is taken to start from the output as its own
+/// gradient (the loss half the sum of its squares, free), and the calibration trains with that.
 PlanReport plan(torch::nn::Sequential model, const Batch& sample, const PlanOptions& options);
+
+/// As above, with the loss the pipeline will train with (as PipelineSchedule takes it) and the
+/// mini-batch's target: the loss's forward and backward, what its forward keeps until backward
+/// and what its backward allocates count to the last stage, and the calibration trains with it.
+/// A loss that costs as much as a layer (cross-entropy over a large vocabulary) moves the
+/// balance. Throws c10::ValueError, besides the above, for a target of another batch size or a
+/// loss that does not return a scalar.
+PlanReport plan(torch::nn::Sequential model, const Batch& sample, const Batch& target,
+                const schedule::LossFunction& loss, const PlanOptions& options);
 
 /// The report as a table: the plans (at most `rows`), then the rejections.
 std::ostream& operator<<(std::ostream& out, const PlanReport& report);

@@ -22,20 +22,26 @@
 namespace gpipe {
 namespace plan_detail {
 
+/// Half the sum of the squared outputs: the loss a model is calibrated with where plan() has
+/// none. Its gradient is the output, as the profile's backward receives it (layer_costs.cpp).
+/// Throws c10::ValueError for an output with no floating-point tensor.
+at::Tensor half_squares(const Batch& output, const Batch& target);
+
 /// Measured over profiled, for each micro-batch count of `profiles` (the profile of one such
-/// micro-batch per count). Trains `model` on `sample` (a whole mini-batch, on the CPU) with
-/// GPipe on `workers` worker threads (fewer where the model has fewer layers), each with the
-/// caller's intra-op threads, cut where the count's profile balances time, and a loss of half
-/// the sum of the squared outputs: one step per count, then `steps` traced steps of each, the
-/// counts taking turns. The model is left as it was: values, buffers, modes, no gradients.
+/// micro-batch per count). Trains `model` on `sample` and `target` (a whole mini-batch, on the
+/// CPU) with `loss` and GPipe on `workers` worker threads (fewer where the model has fewer
+/// layers), each with the caller's intra-op threads, cut where the count's profile balances
+/// time: one step per count, then `steps` traced steps of each, the counts taking turns. The
+/// last stage's profiled costs include the loss's. The model is left as it was: values,
+/// buffers, modes, no gradients.
 std::vector<Calibration> calibrate(torch::nn::Sequential model, const Batch& sample,
-                                   int64_t workers,
-                                   const std::map<int64_t, std::vector<LayerCosts>>& profiles,
+                                   const Batch& target, const schedule::LossFunction& loss,
+                                   int64_t workers, const std::map<int64_t, ModelCosts>& profiles,
                                    int64_t steps);
 
-/// `layers` with their times multiplied by `calibration`'s factors (a split backward's halves
-/// by the backward's).
-void apply(const Calibration& calibration, std::vector<LayerCosts>& layers);
+/// `costs` with their times, the loss's included, multiplied by `calibration`'s factors (a
+/// split backward's halves by the backward's).
+void apply(const Calibration& calibration, ModelCosts& costs);
 
 }  // namespace plan_detail
 }  // namespace gpipe

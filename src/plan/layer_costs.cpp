@@ -6,6 +6,7 @@
 #include "schedule/split_backward.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -53,7 +54,7 @@ std::vector<at::Tensor> carrying_gradients(const std::vector<at::Tensor>& tensor
 }  // namespace
 
 std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const Batch& microbatch,
-                                            int64_t repetitions) {
+                                            int64_t repetitions, Batch* last_output) {
   TORCH_CHECK_VALUE(repetitions >= 1, "repetitions must be positive (repetitions: ", repetitions,
                     ")");
   TORCH_CHECK_VALUE(microbatch.size() > 0, "the sample has no tensor");
@@ -176,6 +177,10 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
       }
       batch = std::move(output);
     }
+    if (last_output != nullptr) {
+      balance::detach(batch);
+      *last_output = std::move(batch);
+    }
   }
   for (const auto k : c10::irange(layers)) {
     costs[k].forward = median(forward[k]);
@@ -183,6 +188,63 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
     costs[k].backward_input = median(backward_input[k]);
     costs[k].backward_weight = median(backward_weight[k]);
   }
+  return costs;
+}
+
+LayerCosts profile_loss_costs(const Batch& output, const Batch& target,
+                              const schedule::LossFunction& loss, double scale,
+                              int64_t repetitions) {
+  TORCH_CHECK_VALUE(repetitions >= 1, "repetitions must be positive (repetitions: ", repetitions,
+                    ")");
+  TORCH_CHECK_VALUE(output.size() > 0, "the model's output has no tensor");
+  const c10::Device device = output[0].device();
+  const Batch moved_target = balance::to_device(target, device);
+  torch::AutoGradMode grad_mode(true);
+  LayerCosts costs;
+  costs.input_bytes = bytes_of(output);
+  std::vector<double> forward, backward;
+  for (int64_t pass = 0; pass < repetitions; ++pass) {
+    // The last stage's output as its loss receives it: carrying gradients, from no graph.
+    Batch y = output;
+    balance::detach(y);
+    for (const auto j : c10::irange(y.size())) {
+      if (y[j].is_floating_point()) y[j].requires_grad_(true);
+    }
+    const std::vector<at::Tensor> outputs = carrying_gradients(y.tensors());
+
+    balance::synchronize(device);
+    const int64_t before = memory::current_bytes(device);
+    auto tick = Clock::now();
+    at::Tensor value = loss(y, moved_target);
+    TORCH_CHECK_VALUE(value.defined() && value.numel() == 1,
+                      "the loss function must return a scalar, but returned ",
+                      value.defined() ? c10::str("a tensor of shape ", value.sizes())
+                                      : std::string("an undefined tensor"));
+    // What the stage keeps (Stage::loss): a loss's scalar may be a view of a larger buffer,
+    // which its scaling lets go of.
+    value = scale == 1.0 ? value.reshape({}) : value.reshape({}) * scale;
+    balance::synchronize(device);
+    forward.push_back(seconds_between(tick, Clock::now()));
+    if (pass == 0) {
+      costs.activation_bytes = std::max<int64_t>(memory::current_bytes(device) - before, 0);
+    }
+    if (!value.requires_grad() || outputs.empty()) continue;  // nothing to train through
+
+    const int64_t held_before = memory::current_bytes(device);
+    memory::reset_peak(device);
+    tick = Clock::now();
+    // The gradients of the output, as the last stage's backward receives them.
+    std::vector<at::Tensor> gradients = torch::autograd::grad({value}, outputs);
+    balance::synchronize(device);
+    backward.push_back(seconds_between(tick, Clock::now()));
+    if (pass == 0) {
+      costs.backward_transient_bytes =
+          std::max<int64_t>(memory::peak_bytes(device) - held_before, 0);
+    }
+  }
+  costs.forward = median(forward);
+  costs.backward = median(backward);
+  costs.backward_input = costs.backward;
   return costs;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "gpipe/microbatch.h"
+#include "gpipe/schedule/stage.h"
 
 #include <torch/nn/modules/container/sequential.h>
 
@@ -35,12 +36,30 @@ struct LayerCosts {
   int64_t parameter_bytes = 0;
 };
 
+/// What a model costs for one micro-batch: its layers', and its loss's as a layer after the
+/// last (forward, backward - its backward_input too, its backward_weight 0 -, activation_bytes:
+/// what its forward keeps until backward, backward_transient_bytes: what its backward
+/// allocates, the gradient of the output included).
+struct ModelCosts {
+  std::vector<LayerCosts> layers;
+  LayerCosts loss;
+};
+
 /// Each layer's costs on `microbatch` as fed through the layers before it, in training mode
 /// with grad enabled, on the micro-batch's device; times are medians over `repetitions`
 /// passes. Each layer runs on a copy (balance/layer_sandbox.h); memory is measured with the
 /// tracking allocator on the CPU (installed if it was not), the caching allocator on CUDA.
+/// Sets `last_output`, where given, to the last layer's output, detached.
 std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const Batch& microbatch,
-                                            int64_t repetitions);
+                                            int64_t repetitions, Batch* last_output = nullptr);
+
+/// The loss's costs, as the last stage runs it (Stage::forward_loss, then its backward) on the
+/// model's `output` for one micro-batch and that micro-batch's `target`, scaled by `scale` (the
+/// micro-batch's share of the mini-batch, as a mean's reduction scales it); times are medians
+/// over `repetitions` passes. Throws c10::ValueError if the loss does not return a scalar.
+LayerCosts profile_loss_costs(const Batch& output, const Batch& target,
+                              const schedule::LossFunction& loss, double scale,
+                              int64_t repetitions);
 
 }  // namespace plan_detail
 }  // namespace gpipe

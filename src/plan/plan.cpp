@@ -24,6 +24,7 @@ namespace {
 
 using schedule::ScheduleKind;
 using LayerCosts = plan_detail::LayerCosts;
+using ModelCosts = plan_detail::ModelCosts;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kRowsShown = 12;
@@ -74,14 +75,15 @@ std::string shape_name(ScheduleKind kind, int64_t stages_per_worker, int64_t mic
 }
 
 // One family - schedule kind, stages per worker, micro-batches, checkpoint mode - with its
-// schedule and its layers' costs, evaluated for any balance.
+// schedule and its layers' and loss's costs, evaluated for any balance.
 class Family {
  public:
-  Family(Plan shape, schedule::Schedule schedule, const std::vector<LayerCosts>& layers,
+  Family(Plan shape, schedule::Schedule schedule, const ModelCosts& costs,
          const PlanOptions& options)
       : shape_(std::move(shape)),
         schedule_(std::move(schedule)),
-        layers_(layers),
+        layers_(costs.layers),
+        loss_(costs.loss),
         options_(options) {}
 
   // The plan for `balance`: predicted step, bubble, and each worker's peak bytes.
@@ -105,11 +107,17 @@ class Family {
         input += layers_[k].backward_input;
         weight += layers_[k].backward_weight;
       }
-      costs.forward.push_back(forward);
-      costs.backward_input.push_back(input + recomputed * forward);
-      costs.backward_weight.push_back(weight);
-      costs.backward.push_back(whole + recomputed * forward);
+      const double recomputing = recomputed * forward;  // the layers again, not the loss
       const bool last = s + 1 == S;
+      if (last) {  // the last stage's forward runs the loss; its backward starts there
+        forward += loss_.forward;
+        whole += loss_.backward;
+        input += loss_.backward_input;
+      }
+      costs.forward.push_back(forward);
+      costs.backward_input.push_back(input + recomputing);
+      costs.backward_weight.push_back(weight);
+      costs.backward.push_back(whole + recomputing);
       costs.message_bytes.push_back(last ? 0 : layers_[first[s + 1]].input_bytes);
     }
     const schedule::Prediction prediction = schedule::predict(schedule_, costs);
@@ -130,12 +138,16 @@ class Family {
         parameters += layers_[k].parameter_bytes;
         transient = std::max(transient, layers_[k].backward_transient_bytes);
       }
+      // The last stage keeps what its loss saved; its backward starts with the loss's, which
+      // leaves the gradient of the output held while the layers' backwards run.
+      if (s + 1 == S) {
+        activations += loss_.activation_bytes;
+        transient += loss_.backward_transient_bytes;
+      }
       activations = std::max<int64_t>(activations, 0);
       // Past its input half, a micro-batch's input gradient is on its way to the stage before,
       // held until that stage takes it.
       if (s > 0) pending += layers_[first[s]].input_bytes;
-      // The last stage's backward starts from the loss's gradient of its output.
-      if (s + 1 == S) transient += layers_[first[S] - 1].output_bytes;
       const int64_t live = prediction.peak_live_microbatches[s];
       const int64_t kept = layers_[first[s]].input_bytes;
       int64_t held = 0;
@@ -212,6 +224,7 @@ class Family {
   Plan shape_;
   schedule::Schedule schedule_;
   const std::vector<LayerCosts>& layers_;
+  const LayerCosts& loss_;
   const PlanOptions& options_;
 };
 
@@ -233,22 +246,50 @@ const Plan& PlanReport::best() const {
   TORCH_CHECK_VALUE(false, "no plan fits:", reasons.str());
 }
 
-PlanReport plan(torch::nn::Sequential model, const Batch& sample, const PlanOptions& options) {
+namespace {
+
+// plan(), with the loss and target where the caller gave them.
+PlanReport plan_with(torch::nn::Sequential model, const Batch& sample, const Batch* target,
+                     const schedule::LossFunction* loss, const PlanOptions& options) {
   TORCH_CHECK_VALUE(sample.size() > 0, "the sample has no tensor");
   const int64_t batch_size = sample[0].size(0);
   check(options, batch_size);
+  if (target != nullptr) {
+    TORCH_CHECK_VALUE(static_cast<bool>(*loss), "the loss function is empty");
+    for (const auto& t : target->tensors()) {
+      TORCH_CHECK_VALUE(!t.defined() || (t.dim() > 0 && t.size(0) == batch_size),
+                        "the target's batch size must be the sample's (", batch_size,
+                        "), but a target tensor has shape ", t.sizes());
+    }
+  }
   const int64_t W = options.workers(), L = static_cast<int64_t>(model->size());
   PlanReport report;
 
   // Profile once per micro-batch size (the first micro-batch's: the largest).
   auto begun = Clock::now();
-  std::map<int64_t, std::vector<LayerCosts>> costs;  // micro-batches -> each layer's costs
+  std::map<int64_t, ModelCosts> costs;  // micro-batches -> each layer's and the loss's costs
   for (const int64_t m : microbatch_counts(options, batch_size)) {
-    costs[m] =
-        plan_detail::profile_layer_costs(model, scatter(sample, m)[0], options.repetitions());
+    ModelCosts& model_costs = costs[m];
+    const Batch microbatch = scatter(sample, m)[0];
+    Batch output{at::Tensor()};
+    model_costs.layers =
+        plan_detail::profile_layer_costs(model, microbatch, options.repetitions(), &output);
+    if (loss != nullptr) {
+      // A mean over the mini-batch scales each micro-batch's loss by its share.
+      const double share =
+          static_cast<double>(microbatch[0].size(0)) / static_cast<double>(batch_size);
+      model_costs.loss = plan_detail::profile_loss_costs(output, scatter(*target, m)[0], *loss,
+                                                         share, options.repetitions());
+    } else {
+      // Half the squares, free: the backward starts from the output as its own gradient.
+      model_costs.loss.backward_transient_bytes = model_costs.layers.back().output_bytes;
+    }
   }
   if (options.calibrate() && sample[0].device().is_cpu()) {
-    report.calibration = plan_detail::calibrate(model, sample, W, costs, options.repetitions());
+    report.calibration = plan_detail::calibrate(
+        model, sample, target != nullptr ? *target : sample,
+        loss != nullptr ? *loss : schedule::LossFunction(plan_detail::half_squares), W, costs,
+        options.repetitions());
     for (const auto& calibration : report.calibration) {
       plan_detail::apply(calibration, costs[calibration.microbatches]);
     }
@@ -267,7 +308,7 @@ PlanReport plan(torch::nn::Sequential model, const Batch& sample, const PlanOpti
     }
     for (const int64_t v : per_worker) {
       const int64_t S = v * W;
-      for (const auto& [m, layers] : costs) {
+      for (const auto& [m, model_costs] : costs) {
         Plan family_plan;
         family_plan.schedule = kind;
         family_plan.stages_per_worker = v;
@@ -287,7 +328,7 @@ PlanReport plan(torch::nn::Sequential model, const Batch& sample, const PlanOpti
         const schedule::Schedule plan_schedule = schedule::make_schedule(kind, W, S, m);
         for (const CheckpointMode mode : modes) {
           family_plan.checkpoint = mode;
-          const Family family(family_plan, plan_schedule, layers, options);
+          const Family family(family_plan, plan_schedule, model_costs, options);
           Plan best = family.search();
           if (family.excess(best) > 0) {
             report.rejected.push_back(
@@ -313,6 +354,17 @@ PlanReport plan(torch::nn::Sequential model, const Batch& sample, const PlanOpti
                    [](const Plan& a, const Plan& b) { return a.step_seconds < b.step_seconds; });
   report.search_seconds = std::chrono::duration<double>(Clock::now() - begun).count();
   return report;
+}
+
+}  // namespace
+
+PlanReport plan(torch::nn::Sequential model, const Batch& sample, const PlanOptions& options) {
+  return plan_with(std::move(model), sample, nullptr, nullptr, options);
+}
+
+PlanReport plan(torch::nn::Sequential model, const Batch& sample, const Batch& target,
+                const schedule::LossFunction& loss, const PlanOptions& options) {
+  return plan_with(std::move(model), sample, &target, &loss, options);
 }
 
 std::ostream& operator<<(std::ostream& out, const PlanReport& report) {

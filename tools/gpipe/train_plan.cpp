@@ -49,15 +49,18 @@ Plan plan_here(const TrainConfig& c, std::ostream& out) {
   const torch::nn::Sequential model = make_model(c, options);
   const TextCorpus corpus = TextCorpus::load(c.data, options.block_size() + 1);
   auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.seed) + 1);
-  const at::Tensor input = corpus.batch(c.batch_size, options.block_size(), generator).first;
+  const auto [input, target] = corpus.batch(c.batch_size, options.block_size(), generator);
 
   const int64_t workers = c.stages / c.virtual_stages;
   at::set_num_threads(static_cast<int>(c.threads));  // as each worker will run
-  const PlanReport report =
-      plan(model, input,
-           PlanOptions(workers)
-               .memory_cap(static_cast<int64_t>(c.memory_budget_mib * 1048576.0))
-               .param_scale(4.0));  // weights, gradients and AdamW's two moments
+  const PlanReport report = plan(
+      model, input, target,
+      [](const Batch& output, const Batch& target) {
+        return models::char_gpt_loss(output.tensor(), target.tensor());
+      },
+      PlanOptions(workers)
+          .memory_cap(static_cast<int64_t>(c.memory_budget_mib * 1048576.0))
+          .param_scale(4.0));  // weights, gradients and AdamW's two moments
   out << "gpipe train --plan: " << workers
       << (c.ranks ? " ranks, planned as worker threads of rank 0" : " worker threads") << ", batch "
       << c.batch_size
