@@ -78,6 +78,23 @@ TEST(DistributedTransportTest, RendezvousIgnoresSigpipeUnlessHandled) {
   sigaction(SIGPIPE, &saved, nullptr);
 }
 
+// A rank whose store server never comes fails within the rendezvous timeout, naming the server:
+// the TCPStore's own client, left to itself, retries once more after a back-off (torch 2.x).
+TEST(DistributedTransportTest, RendezvousWithoutItsServerFailsWithinTheTimeout) {
+  Environment env;
+  env.rank = 1;
+  env.world_size = 2;
+  env.master_addr = "127.0.0.1";
+  env.master_port = launcher::free_port();  // nobody listens there
+  const auto begun = std::chrono::steady_clock::now();
+  GPIPE_EXPECT_THROW_WITH(rendezvous(env, std::chrono::seconds(2)), c10::Error,
+                          "timed out after 2 s: rank 1 could not reach rank 0, which serves it");
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count();
+  EXPECT_GE(waited, 1.9);
+  EXPECT_LE(waited, 3.0);
+}
+
 // A transport moves CPU tensors over Gloo and CUDA tensors over NCCL, nothing else; CUDA needs a
 // LibTorch with NCCL (the wheel's, not Debian's). A rank without a GPU defaults to the CPU.
 TEST(DistributedTransportTest, DeviceIsOneItCanMove) {

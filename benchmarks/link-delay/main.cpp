@@ -41,6 +41,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -217,6 +218,14 @@ int main(int argc, char** argv) {
   for (const auto& delay : split_list(delays_flag)) delays_ms.push_back(std::atoi(delay.c_str()));
   if (delays_ms.empty() || *std::min_element(delays_ms.begin(), delays_ms.end()) <= 0) {
     std::fprintf(stderr, "link_delay: --delays %s: give delays above 0 ms\n", delays_flag.c_str());
+    return 2;
+  }
+  // Made here: gpipe train refuses a trace into a missing folder on rank 0 only, and rank 1
+  // would wait out its rendezvous timeout for it.
+  std::error_code made;
+  if (!traces_flag.empty() && !std::filesystem::create_directories(traces_flag, made) && made) {
+    std::fprintf(stderr, "link_delay: --traces %s: %s\n", traces_flag.c_str(),
+                 made.message().c_str());
     return 2;
   }
   const std::vector<std::string> schedules = split_list(schedules_flag);

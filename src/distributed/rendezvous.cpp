@@ -13,7 +13,14 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 
 #include <csignal>
 #include <cstdlib>
@@ -45,6 +52,47 @@ std::string seconds(std::chrono::milliseconds duration) {
   std::ostringstream out;
   out << static_cast<double>(duration.count()) / 1000 << " s";
   return out.str();
+}
+
+// Whether something listens at host:port by `deadline`, trying every 50 ms. The TCPStore's
+// client retries past its own timeout (torch 2.x connects once more after a back-off, so a rank
+// whose store server never comes waited up to twice the rendezvous timeout): ranks wait here
+// instead, and connect once the server listens.
+bool listening_by(const std::string& host, int64_t port,
+                  std::chrono::steady_clock::time_point deadline) {
+  using Clock = std::chrono::steady_clock;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  const std::string service = std::to_string(port);
+  for (;;) {
+    addrinfo* found = nullptr;
+    if (getaddrinfo(host.c_str(), service.c_str(), &hints, &found) == 0) {
+      bool connected = false;
+      for (addrinfo* a = found; a != nullptr && !connected; a = a->ai_next) {
+        const int fd =
+            socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          connected = true;
+        } else if (errno == EINPROGRESS) {
+          const auto left =
+              std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+          pollfd waiting{fd, POLLOUT, 0};
+          int error = 0;
+          socklen_t size = sizeof(error);
+          connected = poll(&waiting, 1,
+                           static_cast<int>(std::clamp<int64_t>(left.count(), 1, 1000))) == 1 &&
+                      getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) == 0 && error == 0;
+        }
+        close(fd);
+      }
+      freeaddrinfo(found);
+      if (connected) return true;
+    }
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 // Each rank says it joined; all wait until WORLD_SIZE have. At `deadline` rank 0 declares the
@@ -123,6 +171,9 @@ ProcessGroup rendezvous(const Environment& env, std::chrono::milliseconds timeou
   options.timeout = timeout;
   c10::intrusive_ptr<c10d::Store> store;
   try {
+    if (!serves && !listening_by(env.master_addr, env.master_port, deadline)) {
+      throw std::runtime_error("nothing listens at " + address);
+    }
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
   } catch (const std::exception& error) {
     TORCH_CHECK(
