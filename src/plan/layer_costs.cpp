@@ -3,10 +3,10 @@
 #include "balance/layer_sandbox.h"
 #include "gpipe/memory.h"
 #include "gpipe/skip/tracker.h"
+#include "schedule/scaled_loss.h"
 #include "schedule/split_backward.h"
 
 #include <c10/util/Exception.h>
-#include <c10/util/StringUtil.h>
 #include <c10/util/irange.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -215,14 +215,8 @@ LayerCosts profile_loss_costs(const Batch& output, const Batch& target,
     balance::synchronize(device);
     const int64_t before = memory::current_bytes(device);
     auto tick = Clock::now();
-    at::Tensor value = loss(y, moved_target);
-    TORCH_CHECK_VALUE(value.defined() && value.numel() == 1,
-                      "the loss function must return a scalar, but returned ",
-                      value.defined() ? c10::str("a tensor of shape ", value.sizes())
-                                      : std::string("an undefined tensor"));
-    // What the stage keeps (Stage::loss): a loss's scalar may be a view of a larger buffer,
-    // which its scaling lets go of.
-    value = scale == 1.0 ? value.reshape({}) : value.reshape({}) * scale;
+    // What the stage keeps (Stage::loss), not a view of a larger buffer.
+    const at::Tensor value = schedule::detail::scaled_loss(loss(y, moved_target), scale);
     balance::synchronize(device);
     forward.push_back(seconds_between(tick, Clock::now()));
     if (pass == 0) {

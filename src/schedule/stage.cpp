@@ -1,5 +1,6 @@
 #include "gpipe/schedule/stage.h"
 
+#include "schedule/scaled_loss.h"
 #include "schedule/split_backward.h"
 
 #include "gpipe/batchnorm.h"
@@ -212,11 +213,7 @@ Batch Stage::forward(int64_t microbatch, const Batch& input, const SkipTensors& 
 
 at::Tensor Stage::loss(const Batch& output, const Batch& target, const LossFunction& loss,
                        double scale) const {
-  at::Tensor value = loss(output, on_device(target));
-  TORCH_CHECK_VALUE(value.defined() && value.numel() == 1,
-                    "the loss function must return a scalar, but returned a tensor of shape ",
-                    value.defined() ? value.sizes() : at::IntArrayRef{});
-  return scale == 1.0 ? value.reshape({}) : value.reshape({}) * scale;
+  return detail::scaled_loss(loss(output, on_device(target)), scale);
 }
 
 at::Tensor Stage::forward_loss(int64_t microbatch, const Batch& input, const Batch& target,
