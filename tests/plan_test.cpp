@@ -184,6 +184,40 @@ schedule::LossFunction mse() {
   };
 }
 
+// Per worker, the plan's prediction less the layers' weights and gradients over what a real
+// step on worker threads held.
+std::vector<double> predicted_over_measured(torch::nn::Sequential model, const Plan& p,
+                                            const torch::Tensor& input, const torch::Tensor& target,
+                                            const schedule::LossFunction& loss, int64_t workers) {
+  schedule::PipelineSchedule pipe(model, p.balance, loss,
+                                  schedule::PipelineScheduleOptions(p.microbatches)
+                                      .schedule(p.schedule)
+                                      .stages_per_worker(p.stages_per_worker));
+  model->zero_grad();
+  pipe.step(input, target);  // the gradients, kept from here on
+  const int64_t stages = static_cast<int64_t>(p.balance.size());
+  std::vector<int64_t> before(stages);
+  for (int64_t s = 0; s < stages; ++s) before[s] = memory::cpu_current_bytes(s);
+  memory::reset_cpu_peak();
+  pipe.step(input, target);
+  std::vector<int64_t> measured(workers, 0), predicted = p.peak_bytes;
+  int64_t layer = 0;
+  for (int64_t s = 0; s < stages; ++s) {
+    const int64_t w = schedule::worker_of(schedule::placement_of(p.schedule), s, workers);
+    measured[w] += memory::cpu_peak_bytes(s) - before[s];
+    for (int64_t k = 0; k < p.balance[s]; ++k, ++layer) {
+      for (const auto& parameter : model->ptr(static_cast<size_t>(layer))->parameters()) {
+        predicted[w] -= 2 * static_cast<int64_t>(parameter.nbytes());  // param_scale 2
+      }
+    }
+  }
+  std::vector<double> ratios;
+  for (int64_t w = 0; w < workers; ++w) {
+    ratios.push_back(static_cast<double>(predicted[w]) / static_cast<double>(measured[w]));
+  }
+  return ratios;
+}
+
 void expect_predicted_activations(torch::nn::Sequential model, int64_t workers, bool close,
                                   const schedule::LossFunction& loss = mse()) {
   const torch::Tensor input = torch::randn({512, 64});
@@ -195,33 +229,11 @@ void expect_predicted_activations(torch::nn::Sequential model, int64_t workers, 
   ASSERT_EQ(report.plans.size(), 2u);
   for (const Plan& p : report.plans) {
     SCOPED_TRACE(p.family());
-    schedule::PipelineSchedule pipe(model, p.balance, loss,
-                                    schedule::PipelineScheduleOptions(p.microbatches)
-                                        .schedule(p.schedule)
-                                        .stages_per_worker(p.stages_per_worker));
-    model->zero_grad();
-    pipe.step(input, target);  // the gradients, kept from here on
-    const int64_t stages = static_cast<int64_t>(p.balance.size());
-    std::vector<int64_t> before(stages);
-    for (int64_t s = 0; s < stages; ++s) before[s] = memory::cpu_current_bytes(s);
-    memory::reset_cpu_peak();
-    pipe.step(input, target);
-    std::vector<int64_t> measured(workers, 0), predicted = p.peak_bytes;
-    int64_t layer = 0;
-    for (int64_t s = 0; s < stages; ++s) {
-      const int64_t w = schedule::worker_of(schedule::placement_of(p.schedule), s, workers);
-      measured[w] += memory::cpu_peak_bytes(s) - before[s];
-      for (int64_t k = 0; k < p.balance[s]; ++k, ++layer) {
-        for (const auto& parameter : model->ptr(static_cast<size_t>(layer))->parameters()) {
-          predicted[w] -= 2 * static_cast<int64_t>(parameter.nbytes());  // param_scale 2
-        }
-      }
-    }
+    const std::vector<double> ratios =
+        predicted_over_measured(model, p, input, target, loss, workers);
     for (int64_t w = 0; w < workers; ++w) {
-      const double ratio = static_cast<double>(predicted[w]) / static_cast<double>(measured[w]);
-      EXPECT_GE(ratio, 0.9) << "worker " << w << " of " << workers << ": predicted " << predicted[w]
-                            << ", measured " << measured[w];
-      if (close && p.schedule == ScheduleKind::kGPipe) EXPECT_LE(ratio, 1.1) << "worker " << w;
+      EXPECT_GE(ratios[w], 0.9) << "worker " << w << " of " << workers;
+      if (close && p.schedule == ScheduleKind::kGPipe) EXPECT_LE(ratios[w], 1.1) << "worker " << w;
     }
   }
 }
@@ -242,6 +254,45 @@ TEST(PlanTest, PredictedActivationsPerWorkerAreWhatAStepHolds) {
   expect_predicted_activations(mlp(4, 64), 1, /*close=*/true);
   torch::manual_seed(0);
   expect_predicted_activations(torch::nn::Sequential(Block(), Block()), 2, /*close=*/false);
+}
+
+// A U-Net cut in two: the second stage pops what the first stashed and sends the gradients
+// back with its input's. A stage's backward frees its later layers' activations as it runs, so
+// their backwards' workspace does not come on top of all of them; the first stage's input half
+// computes nothing, so it frees nothing and captures nothing more. ZB1P's workers and 1F1B's
+// first are predicted within 10% of what a step held, both ways. Counted the old way (each
+// backward's workspace beside all the stage's activations, the first stage's input half as
+// any other's), 1F1B's and ZB1P's first workers were 11-12% high, ZB1P's second 18%. 1F1B's
+// last worker is counted with one micro-batch's gradients on their way upstream, which have
+// sometimes arrived when its peak comes: 1.09-1.25x here.
+TEST(PlanTest, PredictedActivationsOfAUNetAreWhatAStepHolds) {
+  torch::manual_seed(0);
+  const auto model =
+      models::unet(models::UNetOptions().depth(3).num_convs(2).base_channels(8).dropout(0));
+  const torch::Tensor input = torch::randn({16, 3, 32, 32});
+  const torch::Tensor target = (torch::rand({16, 1, 32, 32}) > 0.5).to(torch::kFloat);
+  const schedule::LossFunction loss = [](const Batch& output, const Batch& target) {
+    return torch::nn::functional::binary_cross_entropy_with_logits(output.tensor(),
+                                                                   target.tensor());
+  };
+  const PlanReport report =
+      plan(model, input, target, loss,
+           PlanOptions(2)
+               .schedules({ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble})
+               .microbatches({4})
+               .repetitions(1)
+               .calibrate(false));
+  ASSERT_EQ(report.plans.size(), 2u);
+  for (const Plan& p : report.plans) {
+    SCOPED_TRACE(p.family() + ", balance " + std::to_string(p.balance[0]) + "," +
+                 std::to_string(p.balance[1]));
+    const std::vector<double> ratios = predicted_over_measured(model, p, input, target, loss, 2);
+    for (int64_t w = 0; w < 2; ++w) {
+      EXPECT_GE(ratios[w], 0.9) << "worker " << w;
+      const bool in_flight = p.schedule == ScheduleKind::kOneFOneB && w == 1;
+      EXPECT_LE(ratios[w], in_flight ? 1.3 : 1.1) << "worker " << w;
+    }
+  }
 }
 
 // A loss that widens the output 64 -> 2048 before it reduces keeps 32 times a layer's

@@ -20,15 +20,18 @@
 //              schedule (predict()'s held_microbatches): each micro-batch forwarded holds the
 //              stage's activations (the first layer's and what each next one adds: its input
 //              goes unless it saved it; on the last stage, what the loss keeps); one past a split
-//              backward's input half also holds what that half left for the weight half, and its
-//              input gradient until the stage before takes it, while its input stays counted to the
-//              stage before until this stage's weight half; a backward that starts allocates what
-//              the most of its layers' backwards allocate while they run (on the last stage, plus
-//              what the loss's backward allocates: at least the gradient of the output). With
-//              checkpointing, each live micro-batch holds only the stage's input, plus one
-//              micro-batch's whole activations while a backward recomputes (and the last
-//              micro-batch's, spared by kExceptLast). The stages' peaks are added, as if they
-//              coincided.
+//              backward's input half also holds what that half left for the weight half (on the
+//              first stage, whose input half computes nothing, nothing more), while its input
+//              stays counted to the stage before until this stage's weight half; a backward that
+//              starts holds, at its most, what its layers' backwards hold as they run last to
+//              first: each beside the activations of the layers before it, the gradient of its
+//              output and what it allocates (on the last stage, the loss's backward first, beside
+//              all of them). Past its first backward, a stage other than the first also holds one
+//              micro-batch's gradients on their way upstream: of its input, and of the skips it
+//              popped from earlier stages. With checkpointing, each live micro-batch holds only
+//              the stage's input, plus one micro-batch's whole activations while a backward
+//              recomputes (and the last micro-batch's, spared by kExceptLast). The stages' peaks
+//              are added, as if they coincided.
 //   balance    starts from the partition whose slowest stage is fastest (block_partition), and
 //              from the one whose largest stage is smallest, then moves one layer at a time
 //              across a cut while that lowers the predicted step time (or, over the cap, the

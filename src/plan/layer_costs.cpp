@@ -71,6 +71,7 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
   for (int64_t pass = 0; pass < repetitions; ++pass) {
     Batch batch = input;
     std::map<skip::SkipKey, at::Tensor> stashed;  // by the layers so far, not popped yet
+    std::map<skip::SkipKey, int64_t> stashed_by;  // the layer that stashed each
     auto layer = model->begin();
     for (const auto k : c10::irange(layers)) {
       balance::LayerSandbox sandbox(k, names[k], *layer++, device);
@@ -101,6 +102,15 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
         return tracker;
       };
       const std::shared_ptr<skip::SkipTracker> tracker = seeded();
+      // What the layer pops goes back, as gradients, to the stage that stashed it (if another).
+      const auto popped_by = [&](const skip::SkipTracker& seeds, const skip::SkipTracker& after) {
+        std::vector<std::pair<skip::SkipKey, at::Tensor>> popped;
+        for (const auto& [key, tensor] : seeds.tensors()) {
+          if (after.tensors().count(key) == 0) popped.emplace_back(key, tensor);
+        }
+        return popped;
+      };
+      const skip::SkipTracker seeds = *tracker;
       if (pass == 0) {
         // Within a stage, the layer before lets go of this layer's input unless this layer
         // saved it: forward a copy, let go of it, and see what stays. The copy is made by an
@@ -128,6 +138,11 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
       if (pass == 0) {
         costs[k].activation_bytes = std::max<int64_t>(memory::current_bytes(device) - before, 0);
         costs[k].output_bytes = bytes_of(output);
+        for (const auto& [key, tensor] : popped_by(seeds, *tracker)) {
+          if (tensor.defined() && tensor.requires_grad()) {
+            costs[k].popped.push_back({stashed_by.at(key), static_cast<int64_t>(tensor.nbytes())});
+          }
+        }
       }
 
       const std::vector<at::Tensor> outputs = carrying_gradients(output.tensors());
@@ -149,8 +164,18 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
       // Forward again and split the backward as the zero-bubble schedules do
       // (schedule/split_backward.h): what the input half leaves for the weight half is held
       // until it runs.
-      const Batch again = call(batch, seeded());
+      const std::shared_ptr<skip::SkipTracker> again_tracker = seeded();
+      const skip::SkipTracker again_seeds = *again_tracker;
+      const Batch again = call(batch, again_tracker);
+      for (const auto& [key, tensor] : tracker->tensors()) {
+        if (stashed.count(key) == 0) stashed_by[key] = static_cast<int64_t>(k);
+      }
       stashed = tracker->tensors();
+      // A stage's input half computes the gradients of what it popped, as of its input.
+      std::vector<at::Tensor> leaves = inputs;
+      for (const auto& [key, leaf] : popped_by(again_seeds, *again_tracker)) {
+        if (leaf.defined() && leaf.requires_grad()) leaves.push_back(leaf);
+      }
       const std::vector<at::Tensor> again_outputs = carrying_gradients(again.tensors());
       if (!again_outputs.empty()) {
         schedule::detail::WeightRoots roots;
@@ -161,14 +186,13 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
         for (const auto& g : gradients) received.push_back(g.clone());
         tick = Clock::now();
         std::vector<at::Tensor> upstream =
-            schedule::detail::backward_input(again_outputs, received, inputs, &roots);
+            schedule::detail::backward_input(again_outputs, received, leaves, &roots);
         balance::synchronize(device);
         backward_input[k].push_back(seconds_between(tick, Clock::now()));
         upstream.clear();  // sent to the stage before
         received.clear();
         if (pass == 0) {
-          costs[k].weight_pending_bytes =
-              std::max<int64_t>(memory::current_bytes(device) - held_before, 0);
+          costs[k].weight_pending_bytes = memory::current_bytes(device) - held_before;
         }
         tick = Clock::now();
         schedule::detail::backward_weight(roots);

@@ -23,10 +23,10 @@ struct LayerCosts {
   /// input's bytes where nothing the layer saved keeps the input. May be negative.
   int64_t chained_activation_bytes = 0;
   /// Bytes more that a split backward holds between its halves: the gradients captured for the
-  /// weight half, less what only the input half needed; never below 0.
+  /// weight half, less what only the input half needed. May be negative.
   int64_t weight_pending_bytes = 0;
-  /// Bytes its backward allocates above what it started with while it runs (gradients on
-  /// their way, workspace).
+  /// Bytes its backward allocates above what it started with while it runs (the gradient of
+  /// its input, workspace), the gradient of its output given.
   int64_t backward_transient_bytes = 0;
   /// Bytes of the layer's input: what a checkpoint keeps, what a stage starting here receives.
   int64_t input_bytes = 0;
@@ -34,6 +34,13 @@ struct LayerCosts {
   int64_t output_bytes = 0;
   /// Bytes of its parameters (each storage once).
   int64_t parameter_bytes = 0;
+  /// The skip tensors it pops that carry gradients: which layer stashed each, and its bytes,
+  /// which its backward sends back there as a gradient.
+  struct Popped {
+    int64_t stashed_by = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<Popped> popped;
 };
 
 /// What a model costs for one micro-batch: its layers', and its loss's as a layer after the

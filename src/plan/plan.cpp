@@ -130,24 +130,40 @@ class Family {
     // A split backward holds, between its halves, what its input half left for the other.
     const bool split = schedule::splits_backward(shape_.schedule);
     for (const auto s : c10::irange(S)) {
-      int64_t activations = 0, pending = 0, parameters = 0, transient = 0;
+      // What a micro-batch holds from its forward to its backward; and the most its backward
+      // holds while it runs: the layers' backwards run last to first, each beside what the
+      // layers before it keep, the gradient of its output and what it allocates itself.
+      int64_t activations = 0, pending = 0, parameters = 0, backward_peak = 0;
       for (int64_t k = first[s]; k < first[s + 1]; ++k) {
         activations +=
             k == first[s] ? layers_[k].activation_bytes : layers_[k].chained_activation_bytes;
         pending += layers_[k].weight_pending_bytes;
         parameters += layers_[k].parameter_bytes;
-        transient = std::max(transient, layers_[k].backward_transient_bytes);
+        backward_peak = std::max(backward_peak, activations + layers_[k].output_bytes +
+                                                    layers_[k].backward_transient_bytes);
       }
-      // The last stage keeps what its loss saved; its backward starts with the loss's, which
-      // leaves the gradient of the output held while the layers' backwards run.
+      // The last stage keeps what its loss saved; its backward starts with the loss's, beside
+      // everything the stage keeps.
       if (s + 1 == S) {
         activations += loss_.activation_bytes;
-        transient += loss_.backward_transient_bytes;
+        backward_peak = std::max(backward_peak, activations + loss_.backward_transient_bytes);
       }
       activations = std::max<int64_t>(activations, 0);
-      // Past its input half, a micro-batch's input gradient is on its way to the stage before,
-      // held until that stage takes it.
-      if (s > 0) pending += layers_[first[s]].input_bytes;
+      const int64_t transient = std::max<int64_t>(backward_peak - activations, 0);
+      // The first stage sends nothing upstream: its input half computes nothing, and each
+      // micro-batch keeps all it holds until the weight half.
+      pending = s == 0 ? 0 : std::max(pending, -activations);
+      // Past its backward (or input half), a micro-batch's gradients go upstream, of its input
+      // and of what it popped from earlier stages: one on its way at a time.
+      int64_t upstream = 0;
+      if (s > 0) {
+        upstream = layers_[first[s]].input_bytes;
+        for (int64_t k = first[s]; k < first[s + 1]; ++k) {
+          for (const auto& popped : layers_[k].popped) {
+            if (popped.stashed_by < first[s]) upstream += popped.bytes;
+          }
+        }
+      }
       const int64_t live = prediction.peak_live_microbatches[s];
       const int64_t kept = layers_[first[s]].input_bytes;
       int64_t held = 0;
@@ -172,7 +188,8 @@ class Family {
         held = live * kept + 2 * activations + transient;  // and the last micro-batch whole
       }
       plan.peak_bytes[schedule_.worker_of(s)] +=
-          held + static_cast<int64_t>(options_.param_scale() * static_cast<double>(parameters));
+          held + upstream +
+          static_cast<int64_t>(options_.param_scale() * static_cast<double>(parameters));
     }
     return plan;
   }
