@@ -102,15 +102,7 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
         return tracker;
       };
       const std::shared_ptr<skip::SkipTracker> tracker = seeded();
-      // What the layer pops goes back, as gradients, to the stage that stashed it (if another).
-      const auto popped_by = [&](const skip::SkipTracker& seeds, const skip::SkipTracker& after) {
-        std::vector<std::pair<skip::SkipKey, at::Tensor>> popped;
-        for (const auto& [key, tensor] : seeds.tensors()) {
-          if (after.tensors().count(key) == 0) popped.emplace_back(key, tensor);
-        }
-        return popped;
-      };
-      const skip::SkipTracker seeds = *tracker;
+      const std::map<skip::SkipKey, at::Tensor> seeds = tracker->tensors();
       if (pass == 0) {
         // Within a stage, the layer before lets go of this layer's input unless this layer
         // saved it: forward a copy, let go of it, and see what stays. The copy is made by an
@@ -135,13 +127,20 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
       Batch output = call(batch, tracker);
       balance::synchronize(device);
       forward[k].push_back(seconds_between(tick, Clock::now()));
+      // What the layer popped that carries gradients: a stage's input half computes their
+      // gradients, as of its input, and sends them back to the stage that stashed them.
+      std::vector<skip::SkipKey> popped;
+      for (const auto& [key, leaf] : seeds) {
+        if (leaf.defined() && leaf.requires_grad() && tracker->tensors().count(key) == 0) {
+          popped.push_back(key);
+        }
+      }
       if (pass == 0) {
         costs[k].activation_bytes = std::max<int64_t>(memory::current_bytes(device) - before, 0);
         costs[k].output_bytes = bytes_of(output);
-        for (const auto& [key, tensor] : popped_by(seeds, *tracker)) {
-          if (tensor.defined() && tensor.requires_grad()) {
-            costs[k].popped.push_back({stashed_by.at(key), static_cast<int64_t>(tensor.nbytes())});
-          }
+        for (const auto& key : popped) {
+          costs[k].popped.push_back(
+              {stashed_by.at(key), static_cast<int64_t>(seeds.at(key).nbytes())});
         }
       }
 
@@ -165,17 +164,13 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
       // (schedule/split_backward.h): what the input half leaves for the weight half is held
       // until it runs.
       const std::shared_ptr<skip::SkipTracker> again_tracker = seeded();
-      const skip::SkipTracker again_seeds = *again_tracker;
+      std::vector<at::Tensor> leaves = inputs;  // and what it pops, as the stage's input half
+      for (const auto& key : popped) leaves.push_back(again_tracker->tensors().at(key));
       const Batch again = call(batch, again_tracker);
       for (const auto& [key, tensor] : tracker->tensors()) {
         if (stashed.count(key) == 0) stashed_by[key] = static_cast<int64_t>(k);
       }
       stashed = tracker->tensors();
-      // A stage's input half computes the gradients of what it popped, as of its input.
-      std::vector<at::Tensor> leaves = inputs;
-      for (const auto& [key, leaf] : popped_by(again_seeds, *again_tracker)) {
-        if (leaf.defined() && leaf.requires_grad()) leaves.push_back(leaf);
-      }
       const std::vector<at::Tensor> again_outputs = carrying_gradients(again.tensors());
       if (!again_outputs.empty()) {
         schedule::detail::WeightRoots roots;

@@ -132,8 +132,11 @@ class Family {
     for (const auto s : c10::irange(S)) {
       // What a micro-batch holds from its forward to its backward; and the most its backward
       // holds while it runs: the layers' backwards run last to first, each beside what the
-      // layers before it keep, the gradient of its output and what it allocates itself.
+      // layers before it keep, the gradient of its output and what it allocates itself. Past
+      // its backward (or input half), a micro-batch's gradients go upstream, of its input and
+      // of what it popped from earlier stages: one on its way at a time.
       int64_t activations = 0, pending = 0, parameters = 0, backward_peak = 0;
+      int64_t upstream = s > 0 ? layers_[first[s]].input_bytes : 0;
       for (int64_t k = first[s]; k < first[s + 1]; ++k) {
         activations +=
             k == first[s] ? layers_[k].activation_bytes : layers_[k].chained_activation_bytes;
@@ -141,6 +144,9 @@ class Family {
         parameters += layers_[k].parameter_bytes;
         backward_peak = std::max(backward_peak, activations + layers_[k].output_bytes +
                                                     layers_[k].backward_transient_bytes);
+        for (const auto& popped : layers_[k].popped) {
+          if (popped.stashed_by < first[s]) upstream += popped.bytes;
+        }
       }
       // The last stage keeps what its loss saved; its backward starts with the loss's, beside
       // everything the stage keeps.
@@ -153,17 +159,6 @@ class Family {
       // The first stage sends nothing upstream: its input half computes nothing, and each
       // micro-batch keeps all it holds until the weight half.
       pending = s == 0 ? 0 : std::max(pending, -activations);
-      // Past its backward (or input half), a micro-batch's gradients go upstream, of its input
-      // and of what it popped from earlier stages: one on its way at a time.
-      int64_t upstream = 0;
-      if (s > 0) {
-        upstream = layers_[first[s]].input_bytes;
-        for (int64_t k = first[s]; k < first[s + 1]; ++k) {
-          for (const auto& popped : layers_[k].popped) {
-            if (popped.stashed_by < first[s]) upstream += popped.bytes;
-          }
-        }
-      }
       const int64_t live = prediction.peak_live_microbatches[s];
       const int64_t kept = layers_[first[s]].input_bytes;
       int64_t held = 0;
