@@ -264,7 +264,9 @@ TEST(PlanTest, PredictedActivationsPerWorkerAreWhatAStepHolds) {
 // backward's workspace beside all the stage's activations, the first stage's input half as
 // any other's), 1F1B's and ZB1P's first workers were 11-12% high, ZB1P's second 18%. 1F1B's
 // last worker is counted with one micro-batch's gradients on their way upstream, which have
-// sometimes arrived when its peak comes: 1.09-1.25x here.
+// sometimes arrived when its peak comes: 1.09-1.25x here. The profile takes the median of 3
+// passes: with 1, a first pass's one-time costs once made the first layer look slow enough to
+// cut after it, and that cut (1 of 69 layers) is predicted 18-22% high.
 TEST(PlanTest, PredictedActivationsOfAUNetAreWhatAStepHolds) {
   torch::manual_seed(0);
   const auto model =
@@ -280,7 +282,7 @@ TEST(PlanTest, PredictedActivationsOfAUNetAreWhatAStepHolds) {
            PlanOptions(2)
                .schedules({ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble})
                .microbatches({4})
-               .repetitions(1)
+               .repetitions(3)
                .calibrate(false));
   ASSERT_EQ(report.plans.size(), 2u);
   for (const Plan& p : report.plans) {
