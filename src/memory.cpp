@@ -30,10 +30,15 @@ std::atomic<bool> g_installed{false};
 c10::Allocator* g_inner = nullptr;            // set once, before the wrapper is installed
 c10::DeleterFnPtr g_inner_deleter = nullptr;  // g_inner->raw_deleter()
 
-// Per tag, like the totals; the header of each allocation remembers its tag (-1: none).
-std::atomic<int64_t> g_tag_current[kMaxTags];
-std::atomic<int64_t> g_tag_peak[kMaxTags];
+// Per tag and per worker tag, like the totals; the header of each allocation remembers both
+// (-1: none).
+struct Counters {
+  std::atomic<int64_t> current[kMaxTags];
+  std::atomic<int64_t> peak[kMaxTags];
+};
+Counters g_tags, g_workers;
 thread_local int64_t t_tag = -1;
+thread_local int64_t t_worker = -1;
 
 void add(std::atomic<int64_t>& current, std::atomic<int64_t>& peak_of, int64_t bytes) {
   const int64_t now = current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
@@ -42,9 +47,18 @@ void add(std::atomic<int64_t>& current, std::atomic<int64_t>& peak_of, int64_t b
   }
 }
 
-void add(int64_t bytes, int64_t tag) {
+void add(int64_t bytes, int64_t tag, int64_t worker) {
   add(g_current, g_peak, bytes);
-  if (tag >= 0) add(g_tag_current[tag], g_tag_peak[tag], bytes);
+  if (tag >= 0) add(g_tags.current[tag], g_tags.peak[tag], bytes);
+  if (worker >= 0) add(g_workers.current[worker], g_workers.peak[worker], bytes);
+}
+
+void reset_peaks(Counters& counters) {
+  for (int64_t tag = 0; tag < kMaxTags; ++tag) {
+    counters.peak[tag].store(counters.current[tag].load(std::memory_order_relaxed),
+                             std::memory_order_relaxed);
+    add(counters.current[tag], counters.peak[tag], 0);
+  }
 }
 
 void check_tag(int64_t tag) {
@@ -57,10 +71,13 @@ void tracked_delete(void* data) {
   char* base = static_cast<char*>(data) - kHeader;
   int64_t bytes = 0;
   int64_t tag = -1;
+  int64_t worker = -1;
   std::memcpy(&bytes, base, sizeof(bytes));
   std::memcpy(&tag, base + sizeof(bytes), sizeof(tag));
+  std::memcpy(&worker, base + sizeof(bytes) + sizeof(tag), sizeof(worker));
   g_current.fetch_sub(bytes, std::memory_order_relaxed);
-  if (tag >= 0) g_tag_current[tag].fetch_sub(bytes, std::memory_order_relaxed);
+  if (tag >= 0) g_tags.current[tag].fetch_sub(bytes, std::memory_order_relaxed);
+  if (worker >= 0) g_workers.current[worker].fetch_sub(bytes, std::memory_order_relaxed);
   g_inner_deleter(base);
 }
 
@@ -75,9 +92,11 @@ class TrackingCPUAllocator final : public c10::Allocator {
     char* base = static_cast<char*>(inner.release_context());
     const auto bytes = static_cast<int64_t>(nbytes);
     const int64_t tag = t_tag;
+    const int64_t worker = t_worker;
     std::memcpy(base, &bytes, sizeof(bytes));
     std::memcpy(base + sizeof(bytes), &tag, sizeof(tag));
-    add(bytes, tag);
+    std::memcpy(base + sizeof(bytes) + sizeof(tag), &worker, sizeof(worker));
+    add(bytes, tag, worker);
     return {base + kHeader, base + kHeader, &tracked_delete, cpu};
   }
 
@@ -122,11 +141,8 @@ void reset_cpu_peak() {
   // add(0) after each store: an allocation that raced with the store raises the peak again.
   g_peak.store(g_current.load(std::memory_order_relaxed), std::memory_order_relaxed);
   add(g_current, g_peak, 0);
-  for (int64_t tag = 0; tag < kMaxTags; ++tag) {
-    g_tag_peak[tag].store(g_tag_current[tag].load(std::memory_order_relaxed),
-                          std::memory_order_relaxed);
-    add(g_tag_current[tag], g_tag_peak[tag], 0);
-  }
+  reset_peaks(g_tags);
+  reset_peaks(g_workers);
 }
 
 ScopedTag::ScopedTag(int64_t tag) : previous_(t_tag) {
@@ -138,12 +154,29 @@ ScopedTag::~ScopedTag() { t_tag = previous_; }
 
 int64_t cpu_current_bytes(int64_t tag) {
   check_tag(tag);
-  return g_tag_current[tag].load(std::memory_order_relaxed);
+  return g_tags.current[tag].load(std::memory_order_relaxed);
 }
 
 int64_t cpu_peak_bytes(int64_t tag) {
   check_tag(tag);
-  return g_tag_peak[tag].load(std::memory_order_relaxed);
+  return g_tags.peak[tag].load(std::memory_order_relaxed);
+}
+
+ScopedWorkerTag::ScopedWorkerTag(int64_t worker) : previous_(t_worker) {
+  check_tag(worker);
+  t_worker = worker;
+}
+
+ScopedWorkerTag::~ScopedWorkerTag() { t_worker = previous_; }
+
+int64_t cpu_worker_current_bytes(int64_t worker) {
+  check_tag(worker);
+  return g_workers.current[worker].load(std::memory_order_relaxed);
+}
+
+int64_t cpu_worker_peak_bytes(int64_t worker) {
+  check_tag(worker);
+  return g_workers.peak[worker].load(std::memory_order_relaxed);
 }
 
 namespace {

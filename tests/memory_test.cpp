@@ -14,6 +14,8 @@ namespace {
 
 using memory::cpu_current_bytes;
 using memory::cpu_peak_bytes;
+using memory::cpu_worker_current_bytes;
+using memory::cpu_worker_peak_bytes;
 
 TEST(MemoryTest, InstallIsIdempotent) {
   memory::install_tracking_cpu_allocator();
@@ -116,6 +118,34 @@ TEST(MemoryTest, TagsCountWhatTheirThreadAllocated) {
   EXPECT_EQ(cpu_current_bytes(3), before3);
   memory::reset_cpu_peak();
   EXPECT_EQ(cpu_peak_bytes(3), before3);
+}
+
+// A worker's tag counts what its thread allocates under any stage tag: its peak is the peak of
+// the sum, not the sum of the stages' peaks.
+TEST(MemoryTest, WorkerTagCountsEveryStageOfItsThread) {
+  memory::install_tracking_cpu_allocator();
+  const int64_t before = cpu_worker_current_bytes(7);
+  memory::reset_cpu_peak();
+  {
+    memory::ScopedWorkerTag worker(7);
+    {
+      memory::ScopedTag stage2(2);
+      torch::Tensor a = torch::empty({1000}, torch::kByte);
+    }
+    torch::Tensor b;
+    {
+      memory::ScopedTag stage4(4);
+      b = torch::empty({600}, torch::kByte);
+    }
+    EXPECT_EQ(cpu_worker_current_bytes(7) - before, 600);
+    // Freed on another thread: returned to the worker that allocated it.
+    std::thread([moved = std::move(b)]() mutable { moved = torch::Tensor(); }).join();
+  }
+  torch::Tensor untagged = torch::empty({4000}, torch::kByte);
+  EXPECT_EQ(cpu_worker_current_bytes(7), before);
+  EXPECT_EQ(cpu_worker_peak_bytes(7) - before, 1000);
+  GPIPE_EXPECT_THROW_WITH((void)memory::ScopedWorkerTag(memory::kMaxTags), c10::IndexError,
+                          "memory tag 64 is out of range [0, 64)");
 }
 
 TEST(MemoryTest, TagOutOfRange) {

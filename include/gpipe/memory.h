@@ -39,7 +39,8 @@ int64_t cpu_current_bytes();
 /// The highest cpu_current_bytes() since installation or the last reset_cpu_peak().
 int64_t cpu_peak_bytes();
 
-/// Sets the peak to the current bytes, to measure the peak of what follows; also every tag's.
+/// Sets the peak to the current bytes, to measure the peak of what follows; also every tag's and
+/// every worker tag's.
 void reset_cpu_peak();
 
 /// Tags attribute memory to a part of a program, e.g. a pipeline stage: a CPU allocation made
@@ -64,6 +65,26 @@ class ScopedTag {
 /// last reset_cpu_peak(). Throw c10::IndexError unless 0 <= tag < kMaxTags.
 int64_t cpu_current_bytes(int64_t tag);
 int64_t cpu_peak_bytes(int64_t tag);
+
+/// Worker tags, beside the tags above: a CPU allocation made on a thread inside a
+/// ScopedWorkerTag(w) counts toward worker tag w too, whatever tag is in force, until it is
+/// freed. PipelineSchedule gives each worker thread its worker's (and each action its stage's
+/// tag): where one worker runs several stages, their peaks come at different moments, and the
+/// worker's is measured whole. Worker tags are 0 <= w < kMaxTags.
+class ScopedWorkerTag {
+ public:
+  explicit ScopedWorkerTag(int64_t worker);
+  ~ScopedWorkerTag();
+  ScopedWorkerTag(const ScopedWorkerTag&) = delete;
+  ScopedWorkerTag& operator=(const ScopedWorkerTag&) = delete;
+
+ private:
+  int64_t previous_;
+};
+
+/// As cpu_current_bytes(tag) and cpu_peak_bytes(tag), for worker tag `worker`.
+int64_t cpu_worker_current_bytes(int64_t worker);
+int64_t cpu_worker_peak_bytes(int64_t worker);
 
 /// Bytes of tensor memory allocated on `device` and not yet freed: cpu_current_bytes() for the
 /// CPU, the caching allocator's allocated bytes for a CUDA device ("cuda" is the current one).

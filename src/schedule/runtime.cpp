@@ -10,6 +10,7 @@
 #include "schedule/tied_gradients.h"
 
 #include "gpipe/amp/grad_scaler.h"
+#include "gpipe/memory.h"
 #include "gpipe/schedule/thread_transport.h"
 
 #include <ATen/Parallel.h>
@@ -109,6 +110,8 @@ void PipelineSchedule::run_worker(int64_t worker, const Schedule& schedule, cons
     at::set_num_threads(static_cast<int>(options_.intra_op_threads()));
   }
   trace::UseTracer use_tracer(options_.tracer().get(), worker, steps_);
+  std::optional<memory::ScopedWorkerTag> tag;
+  if (worker < memory::kMaxTags) tag.emplace(worker);
   std::vector<Stage*> stages(stages_.size(), nullptr);
   for (const auto s : c10::irange(stages_.size())) {
     if (schedule.worker_of(s) == worker) stages[s] = stages_[s].get();
