@@ -342,6 +342,58 @@ TEST(SkipScheduleTest, UnpairedSkipsAreRefused) {
       c10::TypeError, "no module declared 'skip' as poppable but stashed");
 }
 
+// Stashes a copy of its input, noting of each gradient that reaches the copy whether it has
+// memory of its own or views a larger buffer.
+struct WatchedStashImpl : torch::nn::Module, skip::Skippable {
+  explicit WatchedStashImpl(std::shared_ptr<std::vector<bool>> owns)
+      : Skippable({"skip"}, {}), owns(std::move(owns)) {}
+  torch::Tensor forward(torch::Tensor input) {
+    torch::Tensor copy = input * 1.0;
+    copy.register_hook([owns = owns](const torch::Tensor& gradient) {
+      owns->push_back(gradient.storage().nbytes() == gradient.nbytes());
+    });
+    stash("skip", copy);
+    return input;
+  }
+  std::shared_ptr<std::vector<bool>> owns;
+};
+TORCH_MODULE(WatchedStash);
+
+struct ConcatenateImpl : torch::nn::Module, skip::Skippable {
+  ConcatenateImpl() : Skippable({}, {"skip"}) {}
+  torch::Tensor forward(torch::Tensor input) { return torch::cat({input, pop("skip")}, 1); }
+};
+TORCH_MODULE(Concatenate);
+
+// A concatenation's gradient is one buffer that its inputs' gradients view. The part that goes
+// back to the stashing stage leaves as a copy, so that the buffer does not wait there with it;
+// the gradients stay the plain model's.
+TEST(SkipScheduleTest, GradientsSentUpstreamOwnTheirMemory) {
+  const auto input = torch::randn({8, 4}, torch::kDouble);
+  const auto target = torch::randn({8, 2}, torch::kDouble);
+  const auto make = [](std::shared_ptr<std::vector<bool>> owns) {
+    torch::manual_seed(0);
+    auto model = Sequential(torch::nn::Linear(4, 4), WatchedStash(std::move(owns)),
+                            torch::nn::Linear(4, 4), Concatenate(), torch::nn::Linear(8, 2));
+    model->to(torch::kDouble);
+    return model;
+  };
+  auto plain = make(std::make_shared<std::vector<bool>>());
+  torch::mse_loss(plain->forward(input), target).backward();
+  for (const auto kind : {ScheduleKind::kGPipe, ScheduleKind::kZeroBubble}) {
+    const auto owns = std::make_shared<std::vector<bool>>();
+    auto model = make(owns);
+    PipelineSchedule pipe(model, {3, 2}, mse, PipelineScheduleOptions(2).schedule(kind));
+    pipe.step(input, target);
+    EXPECT_EQ(*owns, std::vector<bool>(2, true)) << kind;
+    for (size_t k = 0; k < model->parameters().size(); ++k) {
+      EXPECT_TRUE(torch::allclose(model->parameters()[k].grad(), plain->parameters()[k].grad(),
+                                  1e-9, 1e-12))
+          << kind;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace skip_schedule_test
 }  // namespace schedule

@@ -14,6 +14,19 @@
 namespace gpipe {
 namespace schedule {
 
+namespace {
+
+// A gradient that leaves a backward for a stage before, in memory of its own: one that views a
+// larger buffer (a concatenation's gradient, split between its inputs) is copied, or the whole
+// buffer would stay until that stage uses it, which may be many actions later.
+at::Tensor owning(at::Tensor gradient) {
+  const bool view_of_more = gradient.defined() && gradient.has_storage() &&
+                            gradient.storage().nbytes() > gradient.nbytes();
+  return view_of_more ? gradient.clone() : gradient;
+}
+
+}  // namespace
+
 void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& stages,
                  Transport& transport, const StepInputs& step, std::vector<at::Tensor>& losses) {
   using detail::Slot;
@@ -135,8 +148,10 @@ void run_actions(const std::vector<Action>& actions, const std::vector<Stage*>& 
         Batch grad_input = a.kind == ActionKind::kBackward
                                ? stage.backward(i, grad, stashed_grads, &popped_grads)
                                : stage.backward_input(i, grad, stashed_grads, &popped_grads);
+        for (auto& g : popped_grads) g = owning(std::move(g));
         send_skips(a.stage, stage.skip_pops(), std::move(popped_grads), i);
         if (!stage.is_first()) {
+          for (const auto j : c10::irange(grad_input.size())) grad_input[j] = owning(grad_input[j]);
           mailbox.put(Slot::kInputGradient, a.stage, i, std::move(grad_input));
         }
         break;
