@@ -195,16 +195,15 @@ std::vector<double> predicted_over_measured(torch::nn::Sequential model, const P
                                       .stages_per_worker(p.stages_per_worker));
   model->zero_grad();
   pipe.step(input, target);  // the gradients, kept from here on
-  const int64_t stages = static_cast<int64_t>(p.balance.size());
-  std::vector<int64_t> before(stages);
-  for (int64_t s = 0; s < stages; ++s) before[s] = memory::cpu_current_bytes(s);
+  std::vector<int64_t> before(workers);
+  for (int64_t w = 0; w < workers; ++w) before[w] = memory::cpu_worker_current_bytes(w);
   memory::reset_cpu_peak();
   pipe.step(input, target);
   std::vector<int64_t> measured(workers, 0), predicted = p.peak_bytes;
+  for (int64_t w = 0; w < workers; ++w) measured[w] = memory::cpu_worker_peak_bytes(w) - before[w];
   int64_t layer = 0;
-  for (int64_t s = 0; s < stages; ++s) {
+  for (const auto s : c10::irange(p.balance.size())) {
     const int64_t w = schedule::worker_of(schedule::placement_of(p.schedule), s, workers);
-    measured[w] += memory::cpu_peak_bytes(s) - before[s];
     for (int64_t k = 0; k < p.balance[s]; ++k, ++layer) {
       for (const auto& parameter : model->ptr(static_cast<size_t>(layer))->parameters()) {
         predicted[w] -= 2 * static_cast<int64_t>(parameter.nbytes());  // param_scale 2
@@ -277,17 +276,19 @@ TEST(PlanTest, PredictedActivationsOfAUNetAreWhatAStepHolds) {
     return torch::nn::functional::binary_cross_entropy_with_logits(output.tensor(),
                                                                    target.tensor());
   };
-  const PlanReport report =
-      plan(model, input, target, loss,
-           PlanOptions(2)
-               .schedules({ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble})
-               .microbatches({4})
-               .repetitions(3)
-               .calibrate(false));
-  ASSERT_EQ(report.plans.size(), 2u);
+  const PlanReport report = plan(model, input, target, loss,
+                                 PlanOptions(2)
+                                     .schedules({ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble,
+                                                 ScheduleKind::kZeroBubbleV, ScheduleKind::kVHalf})
+                                     .microbatches({4})
+                                     .repetitions(3)
+                                     .calibrate(false));
+  ASSERT_EQ(report.plans.size(), 4u);
   for (const Plan& p : report.plans) {
-    SCOPED_TRACE(p.family() + ", balance " + std::to_string(p.balance[0]) + "," +
-                 std::to_string(p.balance[1]));
+    std::string balance;
+    for (const int64_t layers : p.balance)
+      balance += (balance.empty() ? "" : ",") + std::to_string(layers);
+    SCOPED_TRACE(p.family() + ", balance " + balance);
     const std::vector<double> ratios = predicted_over_measured(model, p, input, target, loss, 2);
     for (int64_t w = 0; w < 2; ++w) {
       EXPECT_GE(ratios[w], 0.9) << "worker " << w;

@@ -101,33 +101,55 @@ TEST(ScheduleValidateTest, ZeroBubblePendingMicroBatchesPerStage) {
   }
 }
 
-// The moments a stage's memory can peak: GPipe's stage 0 after each of its 3 forwards, and as
+// The moments a worker's memory can peak: GPipe's worker 0 after each of its 3 forwards, and as
 // each of its 3 backwards starts.
 TEST(ScheduleValidateTest, HeldMicrobatchesAtEveryMomentMemoryCanPeak) {
   const Timeline gpipe = simulate(gpipe_schedule(2, 3));
-  const std::vector<HeldMicrobatches> expected{{1, 0, false}, {2, 0, false}, {3, 0, false},
-                                               {1, 0, true},  {2, 0, true},  {3, 0, true}};
-  std::vector<HeldMicrobatches> stage0 = gpipe.held_microbatches[0];
-  std::sort(stage0.begin(), stage0.end());
-  std::vector<HeldMicrobatches> sorted = expected;
-  std::sort(sorted.begin(), sorted.end());
-  ASSERT_EQ(stage0.size(), sorted.size());
-  for (size_t k = 0; k < sorted.size(); ++k) {
-    EXPECT_FALSE(stage0[k] < sorted[k] || sorted[k] < stage0[k]) << k;
+  std::vector<HeldMicrobatches> worker0;
+  for (const auto& moment : gpipe.held_microbatches[0]) {
+    ASSERT_EQ(moment.size(), 1u);  // one stage
+    worker0.push_back(moment[0]);
   }
-  // Under a split backward the counts of micro-batches awaiting their weight half are among
-  // them, up to the peaks.
-  for (const Schedule& schedule : {zb1p_schedule(3, 6), zbv_schedule(2, 4), v_min_schedule(2, 6)}) {
+  std::vector<HeldMicrobatches> expected{{1, 0, false}, {2, 0, false}, {3, 0, false},
+                                         {1, 0, true},  {2, 0, true},  {3, 0, true}};
+  std::sort(worker0.begin(), worker0.end());
+  std::sort(expected.begin(), expected.end());
+  ASSERT_EQ(worker0.size(), expected.size());
+  for (size_t k = 0; k < expected.size(); ++k) {
+    EXPECT_FALSE(worker0[k] < expected[k] || expected[k] < worker0[k]) << k;
+  }
+  // Under a split backward, and with stages sharing a worker, the counts of each stage are
+  // among them, up to the peaks; at most one stage starts a backward at a moment.
+  for (const Schedule& schedule : {zb1p_schedule(3, 6), zbv_schedule(2, 4), v_min_schedule(2, 6),
+                                   interleaved_one_f_one_b_schedule(2, 2, 4)}) {
     const Timeline timeline = simulate(schedule);
-    for (int64_t s = 0; s < schedule.num_stages; ++s) {
-      int64_t live = 0, awaiting = 0;
-      for (const auto& held : timeline.held_microbatches[s]) {
-        live = std::max(live, held.live);
-        awaiting = std::max(awaiting, held.awaiting);
+    std::vector<int64_t> live(schedule.num_stages, 0), awaiting(schedule.num_stages, 0);
+    for (int64_t w = 0; w < schedule.num_workers; ++w) {
+      std::vector<int64_t> stages;
+      for (int64_t s = 0; s < schedule.num_stages; ++s) {
+        if (schedule.worker_of(s) == w) stages.push_back(s);
       }
-      EXPECT_EQ(live, timeline.peak_live_microbatches[s]) << s;
-      EXPECT_EQ(awaiting, timeline.peak_awaiting_weight_microbatches[s]) << s;
+      for (const auto& moment : timeline.held_microbatches[w]) {
+        ASSERT_EQ(moment.size(), stages.size()) << "worker " << w;
+        int64_t starting = 0;
+        for (size_t j = 0; j < stages.size(); ++j) {
+          live[stages[j]] = std::max(live[stages[j]], moment[j].live);
+          awaiting[stages[j]] = std::max(awaiting[stages[j]], moment[j].awaiting);
+          starting += moment[j].backward ? 1 : 0;
+          // Gradients on their way upstream, outputs the next stage holds past this stage's
+          // weight gradient: only where the stage before or after can lag, and the latter
+          // only where backwards are split.
+          EXPECT_GE(moment[j].upstream, 0);
+          EXPECT_LE(moment[j].upstream, stages[j] == 0 ? 0 : schedule.num_microbatches);
+          EXPECT_GE(moment[j].downstream, 0);
+          EXPECT_LE(moment[j].downstream,
+                    splits_backward(schedule) ? schedule.num_microbatches : 0);
+        }
+        EXPECT_LE(starting, 1) << "worker " << w;
+      }
     }
+    EXPECT_EQ(live, timeline.peak_live_microbatches);
+    EXPECT_EQ(awaiting, timeline.peak_awaiting_weight_microbatches);
   }
 }
 

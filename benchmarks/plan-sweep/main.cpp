@@ -119,15 +119,13 @@ std::vector<int64_t> measure_peak_bytes(Run& run, const Workload& w, int64_t wor
   for (auto& p : w.model->parameters()) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
-  const int64_t stages = static_cast<int64_t>(run.plan.balance.size());
-  std::vector<int64_t> before(stages);
-  for (int64_t s = 0; s < stages; ++s) before[s] = gpipe::memory::cpu_current_bytes(s);
+  std::vector<int64_t> before(workers);
+  for (int64_t k = 0; k < workers; ++k) before[k] = gpipe::memory::cpu_worker_current_bytes(k);
   gpipe::memory::reset_cpu_peak();
   run.pipe->step(w.input, w.target);
   std::vector<int64_t> peak = parameter_bytes_per_worker(w.model, run.plan, workers);
-  const gs::Placement placement = gs::placement_of(run.plan.schedule);
-  for (int64_t s = 0; s < stages; ++s) {
-    peak[gs::worker_of(placement, s, workers)] += gpipe::memory::cpu_peak_bytes(s) - before[s];
+  for (int64_t k = 0; k < workers; ++k) {
+    peak[k] += gpipe::memory::cpu_worker_peak_bytes(k) - before[k];
   }
   return peak;
 }

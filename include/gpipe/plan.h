@@ -5,7 +5,8 @@
 // plan() profiles every layer once per micro-batch size it considers (forward; the whole
 // backward, and the backward split into its input and weight halves as the zero-bubble schedules
 // split it; the activations its forward keeps for backward, what the input half leaves for the
-// weight half, and what its backward allocates while it runs; its input, which is what a
+// weight half and captures for it, and what each backward allocates while it runs - each also
+// as the layer runs after another in a stage, where its input can go; its input, which is what a
 // checkpoint keeps and what a stage receives; its parameters). On the CPU it then calibrates
 // the times: a few GPipe steps of the model on the workers show how much slower its layers run
 // side by side than alone, and the profile is scaled by that. It searches every family -
@@ -16,22 +17,25 @@
 //              the sum of its layers' (the last stage's with the loss's, where plan() has it);
 //              a checkpointed backward also recomputes the forward.
 //   memory     per worker, the parameters (times param_scale: weights, gradients, optimizer
-//              state) of its layers, plus per stage the most it holds at any moment of the
-//              schedule (predict()'s held_microbatches): each micro-batch forwarded holds the
-//              stage's activations (the first layer's and what each next one adds: its input
-//              goes unless it saved it; on the last stage, what the loss keeps); one past a split
-//              backward's input half also holds what that half left for the weight half (on the
-//              first stage, whose input half computes nothing, nothing more), while its input
-//              stays counted to the stage before until this stage's weight half; a backward that
-//              starts holds, at its most, what its layers' backwards hold as they run last to
-//              first: each beside the activations of the layers before it, the gradient of its
-//              output and what it allocates (on the last stage, the loss's backward first, beside
-//              all of them). Past its first backward, a stage other than the first also holds one
-//              micro-batch's gradients on their way upstream: of its input, and of the skips it
-//              popped from earlier stages. With checkpointing, each live micro-batch holds only
-//              the stage's input, plus one micro-batch's whole activations while a backward
-//              recomputes (and the last micro-batch's, spared by kExceptLast). The stages' peaks
-//              are added, as if they coincided.
+//              state) of its layers, plus the most its stages hold together at any moment of the
+//              schedule (predict()'s held_microbatches, per worker): each micro-batch forwarded
+//              holds the stage's activations (the first layer's and what each next one adds:
+//              its input goes unless it saved it; on the last stage, what the loss keeps); one
+//              past a split backward's input half also holds what that half left for the weight
+//              half (the gradients it captured, less what only it needed; on the first stage,
+//              whose input half computes nothing, nothing more). A backward that starts holds,
+//              at its most, what its layers' backwards hold as they run last to first: each
+//              beside the activations of the layers before it, the gradient of its output and
+//              what it allocates (on the last stage, the loss's backward first, beside all of
+//              them); a split backward's input half frees nothing until it ends, so its layers'
+//              run beside the whole graph and the gradients captured so far. The gradients a
+//              stage sends upstream (of its input, and of the skips it popped from the stage
+//              before) count until that stage's backward uses them - between workers, at least
+//              one micro-batch's - and those of skips popped from further up one micro-batch's;
+//              what it sent the next stage counts, once its own graph is freed, until the next
+//              stage's weight half. With checkpointing, each live micro-batch holds only the
+//              stage's input, plus its whole activations while its backward recomputes them (and
+//              the last micro-batch's, spared by kExceptLast).
 //   balance    starts from the partition whose slowest stage is fastest (block_partition), and
 //              from the one whose largest stage is smallest, then moves one layer at a time
 //              across a cut while that lowers the predicted step time (or, over the cap, the

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 namespace gpipe {
@@ -43,12 +44,47 @@ int64_t bytes_of(const Batch& batch) {
   return bytes;
 }
 
+// Bytes of the storages behind `tensors`, each once.
+int64_t distinct_bytes(const std::vector<at::Tensor>& tensors) {
+  std::set<const void*> seen;
+  int64_t bytes = 0;
+  for (const auto& tensor : tensors) {
+    if (!tensor.defined() || !tensor.has_storage()) continue;
+    if (seen.insert(tensor.storage().unsafeGetStorageImpl()).second) {
+      bytes += static_cast<int64_t>(tensor.storage().nbytes());
+    }
+  }
+  return bytes;
+}
+
 std::vector<at::Tensor> carrying_gradients(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> out;
   for (const auto& tensor : tensors) {
     if (tensor.defined() && tensor.requires_grad()) out.push_back(tensor);
   }
   return out;
+}
+
+// What the input half of the backward of `output` towards `leaves` leaves for the weight half:
+// the gradients it captures, less what only it needed. The weight half then frees the graph.
+int64_t weight_pending_bytes(const Batch& output, const std::vector<at::Tensor>& leaves,
+                             c10::Device device) {
+  const std::vector<at::Tensor> outputs = carrying_gradients(output.tensors());
+  if (outputs.empty()) return 0;
+  schedule::detail::WeightRoots roots;
+  balance::synchronize(device);
+  const int64_t held_before = memory::current_bytes(device);
+  // Gradients of their own, as a stage receives them: the weight half may keep them.
+  std::vector<at::Tensor> received;
+  for (const auto& y : outputs) received.push_back(torch::ones_like(y));
+  std::vector<at::Tensor> upstream =
+      schedule::detail::backward_input(outputs, received, leaves, &roots);
+  upstream.clear();
+  received.clear();
+  balance::synchronize(device);
+  const int64_t pending = memory::current_bytes(device) - held_before;
+  schedule::detail::backward_weight(roots);
+  return pending;
 }
 
 }  // namespace
@@ -103,24 +139,6 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
       };
       const std::shared_ptr<skip::SkipTracker> tracker = seeded();
       const std::map<skip::SkipKey, at::Tensor> seeds = tracker->tensors();
-      if (pass == 0) {
-        // Within a stage, the layer before lets go of this layer's input unless this layer
-        // saved it: forward a copy, let go of it, and see what stays. The copy is made by an
-        // addition, as a layer's output is, so that no leaf's AccumulateGrad keeps it.
-        std::optional<Batch> copy = batch;
-        for (const auto j : c10::irange(batch.size())) {
-          const at::Tensor x = batch[j].detach();
-          (*copy)[j] = batch[j].requires_grad()
-                           ? x + torch::zeros({}, x.options().requires_grad(true))
-                           : x.clone();
-        }
-        balance::synchronize(device);
-        const int64_t with_copy = memory::current_bytes(device);
-        const Batch kept = call(*copy, seeded());
-        copy.reset();
-        costs[k].chained_activation_bytes = memory::current_bytes(device) - with_copy;
-      }
-
       balance::synchronize(device);
       const int64_t before = memory::current_bytes(device);
       auto tick = Clock::now();
@@ -142,6 +160,38 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
           costs[k].popped.push_back(
               {stashed_by.at(key), static_cast<int64_t>(seeds.at(key).nbytes())});
         }
+        // Within a stage, the layer before lets go of this layer's input unless this layer
+        // saved it, and a split backward's input half lets go of it unless the weight half needs
+        // it: forward a copy, let go of it, and see what stays, then what stays past the input
+        // half. The copy is made by an addition, as a layer's output is, so that no leaf's
+        // AccumulateGrad keeps it; the addition's other operand is the input half's leaf. The
+        // weight half allocates the parameters' gradients, which a step finds allocated.
+        // An input that a layer before stashed stays, held for the layer that pops it.
+        std::optional<Batch> copy = batch;
+        std::vector<at::Tensor> leaves, held_by_skips;
+        for (const auto j : c10::irange(batch.size())) {
+          const at::Tensor x = batch[j].detach();
+          if (batch[j].requires_grad()) {
+            leaves.push_back(torch::zeros({}, x.options().requires_grad(true)));
+            (*copy)[j] = x + leaves.back();
+          } else {
+            (*copy)[j] = x.clone();
+          }
+          for (const auto& [key, tensor] : stashed) {
+            if (tensor.defined() && tensor.is_alias_of(batch[j])) {
+              held_by_skips.push_back((*copy)[j]);
+              break;
+            }
+          }
+        }
+        balance::synchronize(device);
+        const int64_t with_copy = memory::current_bytes(device);
+        const std::shared_ptr<skip::SkipTracker> chained_tracker = seeded();
+        for (const auto& key : popped) leaves.push_back(chained_tracker->tensors().at(key));
+        const Batch kept = call(*copy, chained_tracker);
+        copy.reset();
+        costs[k].chained_activation_bytes = memory::current_bytes(device) - with_copy;
+        costs[k].chained_weight_pending_bytes = weight_pending_bytes(kept, leaves, device);
       }
 
       const std::vector<at::Tensor> outputs = carrying_gradients(output.tensors());
@@ -177,6 +227,7 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
         balance::synchronize(device);
         const int64_t held_before = memory::current_bytes(device);
         // Gradients of their own, as a stage receives them: the weight half may keep them.
+        memory::reset_peak(device);
         std::vector<at::Tensor> received;
         for (const auto& g : gradients) received.push_back(g.clone());
         tick = Clock::now();
@@ -184,6 +235,11 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
             schedule::detail::backward_input(again_outputs, received, leaves, &roots);
         balance::synchronize(device);
         backward_input[k].push_back(seconds_between(tick, Clock::now()));
+        if (pass == 0) {
+          costs[k].input_half_transient_bytes =
+              std::max<int64_t>(memory::peak_bytes(device) - held_before, 0);
+          costs[k].captured_gradient_bytes = distinct_bytes(roots.grads);
+        }
         upstream.clear();  // sent to the stage before
         received.clear();
         if (pass == 0) {

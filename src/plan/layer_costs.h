@@ -25,9 +25,18 @@ struct LayerCosts {
   /// Bytes more that a split backward holds between its halves: the gradients captured for the
   /// weight half, less what only the input half needed. May be negative.
   int64_t weight_pending_bytes = 0;
+  /// As weight_pending_bytes, where the layer follows another layer of a stage: its input half
+  /// also lets go of the layer's input where only it needed it. May be negative.
+  int64_t chained_weight_pending_bytes = 0;
   /// Bytes its backward allocates above what it started with while it runs (the gradient of
   /// its input, workspace), the gradient of its output given.
   int64_t backward_transient_bytes = 0;
+  /// Bytes a split backward's input half allocates above what it started with while it runs,
+  /// the gradient of the layer's output included: it keeps the graph whole until it ends.
+  int64_t input_half_transient_bytes = 0;
+  /// Bytes of the gradients the input half captures for the weight half: a stage's input half
+  /// keeps each layer's while it runs the layers before.
+  int64_t captured_gradient_bytes = 0;
   /// Bytes of the layer's input: what a checkpoint keeps, what a stage starting here receives.
   int64_t input_bytes = 0;
   /// Bytes of its output: on the last stage, what the loss's gradient of it takes.

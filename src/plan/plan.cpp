@@ -5,6 +5,7 @@
 #include "gpipe/schedule/predict.h"
 #include "plan/calibration.h"
 #include "plan/layer_costs.h"
+#include "plan/stage_memory.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -129,62 +130,28 @@ class Family {
     plan.peak_bytes.assign(schedule_.num_workers, 0);
     // A split backward holds, between its halves, what its input half left for the other.
     const bool split = schedule::splits_backward(shape_.schedule);
+    std::vector<plan_detail::StageMemory> stages;
     for (const auto s : c10::irange(S)) {
-      // What a micro-batch holds from its forward to its backward; and the most its backward
-      // holds while it runs: the layers' backwards run last to first, each beside what the
-      // layers before it keep, the gradient of its output and what it allocates itself. Past
-      // its backward (or input half), a micro-batch's gradients go upstream, of its input and
-      // of what it popped from earlier stages: one on its way at a time.
-      int64_t activations = 0, pending = 0, parameters = 0, backward_peak = 0;
-      int64_t upstream = s > 0 ? layers_[first[s]].input_bytes : 0;
-      for (int64_t k = first[s]; k < first[s + 1]; ++k) {
-        activations +=
-            k == first[s] ? layers_[k].activation_bytes : layers_[k].chained_activation_bytes;
-        pending += layers_[k].weight_pending_bytes;
-        parameters += layers_[k].parameter_bytes;
-        backward_peak = std::max(backward_peak, activations + layers_[k].output_bytes +
-                                                    layers_[k].backward_transient_bytes);
-        for (const auto& popped : layers_[k].popped) {
-          if (popped.stashed_by < first[s]) upstream += popped.bytes;
-        }
+      const bool crosses = s > 0 && schedule_.worker_of(s - 1) != schedule_.worker_of(s);
+      stages.push_back(plan_detail::stage_memory(layers_, loss_, first, s, split, crosses,
+                                                 options_.param_scale()));
+    }
+    // A worker's stages hold at once what each holds at that moment of the schedule.
+    for (const auto w : c10::irange(schedule_.num_workers)) {
+      std::vector<int64_t> mine;
+      for (const auto s : c10::irange(S)) {
+        if (schedule_.worker_of(s) == w) mine.push_back(s);
       }
-      // The last stage keeps what its loss saved; its backward starts with the loss's, beside
-      // everything the stage keeps.
-      if (s + 1 == S) {
-        activations += loss_.activation_bytes;
-        backward_peak = std::max(backward_peak, activations + loss_.backward_transient_bytes);
-      }
-      activations = std::max<int64_t>(activations, 0);
-      const int64_t transient = std::max<int64_t>(backward_peak - activations, 0);
-      // The first stage sends nothing upstream: its input half computes nothing, and each
-      // micro-batch keeps all it holds until the weight half.
-      pending = s == 0 ? 0 : std::max(pending, -activations);
-      const int64_t live = prediction.peak_live_microbatches[s];
-      const int64_t kept = layers_[first[s]].input_bytes;
-      int64_t held = 0;
-      if (shape_.checkpoint == CheckpointMode::kNever) {
-        // The most at any moment: each micro-batch forwarded holds its activations, and one
-        // past its input half what that half left for the weight half too; a backward that
-        // starts allocates more while it runs.
-        for (const auto& moment : prediction.held_microbatches[s]) {
-          held =
-              std::max(held, moment.live * activations + (split ? moment.awaiting * pending : 0) +
-                                 (moment.backward ? transient : 0));
+      int64_t most = 0;
+      for (const auto& moment : prediction.held_microbatches[w]) {
+        int64_t held = 0;
+        for (const auto j : c10::irange(mine.size())) {
+          held += stages[mine[j]].held(moment[j], shape_.checkpoint, split);
         }
-        // What this stage sent the next stays until the next one's weight half, which may come
-        // after this stage's own: count it for the micro-batches awaiting theirs there.
-        if (split && s + 1 < S) {
-          held += prediction.peak_awaiting_weight_microbatches[s + 1] *
-                  layers_[first[s + 1]].input_bytes;
-        }
-      } else if (shape_.checkpoint == CheckpointMode::kAlways) {
-        held = live * kept + activations + transient;  // one recomputation at a time
-      } else {
-        held = live * kept + 2 * activations + transient;  // and the last micro-batch whole
+        most = std::max(most, held);
       }
-      plan.peak_bytes[schedule_.worker_of(s)] +=
-          held + upstream +
-          static_cast<int64_t>(options_.param_scale() * static_cast<double>(parameters));
+      for (const int64_t s : mine) most += stages[s].fixed;
+      plan.peak_bytes[w] = most;
     }
     return plan;
   }

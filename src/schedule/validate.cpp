@@ -41,7 +41,14 @@ class Simulation {
         peak_live_(S_, 0),
         awaiting_(S_, 0),
         peak_awaiting_(S_, 0),
-        held_(S_) {
+        upstream_(S_, 0),
+        downstream_(S_, 0),
+        stages_of_(schedule.num_workers),
+        held_(schedule.num_workers) {
+    for (const auto s : c10::irange(S_)) {
+      const int64_t w = schedule.worker_of(s);
+      if (w >= 0 && w < schedule.num_workers) stages_of_[w].push_back(s);
+    }
     for (const auto& actions : schedule.actions) {
       for (const Action& a : actions) {
         split_ =
@@ -60,6 +67,21 @@ class Simulation {
   void check_static(int64_t w, int64_t pc, const Action& a) const;
   std::string where(int64_t w, int64_t pc) const;
   std::string worker(int64_t w) const;
+  // Records what worker w's stages hold now, as stage `backward` (-1: none) starts a backward.
+  void hold(int64_t w, int64_t backward) {
+    std::vector<HeldMicrobatches> moment;
+    for (const int64_t s : stages_of_[w]) {
+      moment.push_back({live_[s], awaiting_[s], s == backward, upstream_[s], downstream_[s]});
+    }
+    held_[w].insert(std::move(moment));
+  }
+  // Micro-batch i is through stage s's weight gradient: its graph there is freed, but its output
+  // stays while the next stage holds it, and its input is let go of by the stage before.
+  void weighted(int64_t s, int64_t i) {
+    weighted_[index(s, i)] = true;
+    if (s + 1 < S_ && !weighted_[index(s + 1, i)]) ++downstream_[s];
+    if (s > 0 && weighted_[index(s - 1, i)]) --downstream_[s - 1];
+  }
   // Throws that `action` never happens, naming the worker of its stage.
   [[noreturn]] void never_runs(const Action& action) const;
   size_t index(int64_t stage, int64_t microbatch) const { return stage * M_ + microbatch; }
@@ -78,9 +100,12 @@ class Simulation {
   // Per stage: micro-batches forwarded and not yet weighted, now and at most; of them, those
   // past their BackwardInput, now and at most.
   std::vector<int64_t> live_, peak_live_, awaiting_, peak_awaiting_;
-  // Per stage: what it held after each Forward and BackwardInput, and as each Backward or
-  // BackwardInput started.
-  std::vector<std::set<HeldMicrobatches>> held_;
+  // Per stage: what HeldMicrobatches::upstream and downstream count, now.
+  std::vector<int64_t> upstream_, downstream_;
+  // Per worker: its stages, in increasing order; what they held after each Forward and
+  // BackwardInput of one, and as each Backward or BackwardInput of one started.
+  std::vector<std::vector<int64_t>> stages_of_;
+  std::vector<std::set<std::vector<HeldMicrobatches>>> held_;
   bool split_ = false;  // the schedule splits backwards
   std::map<std::pair<int64_t, int64_t>, std::deque<Message>> queues_;
 };
@@ -131,7 +156,7 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
       forwarded_[k] = true;
       if (!forward_only_) {
         peak_live_[s] = std::max(peak_live_[s], ++live_[s]);
-        held_[s].insert({live_[s], awaiting_[s], false});
+        hold(w, -1);
       }
       return Step::kRan;
     case ActionKind::kBackward:
@@ -144,13 +169,16 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         "uses the gradient of micro-batch ", i,
                         " before it arrives (no RecvGradient of it before)");
       backwarded_[k] = true;
-      held_[s].insert({live_[s], awaiting_[s], true});
+      hold(w, s);
+      if (s > 0) ++upstream_[s];
+      // The gradient from the next stage is used, but by the first stage's weight half.
+      if (s + 1 < S_ && (a.kind == ActionKind::kBackward || s > 0)) --upstream_[s + 1];
       if (a.kind == ActionKind::kBackward) {
-        weighted_[k] = true;
+        weighted(s, i);
         --live_[s];
       } else {
         peak_awaiting_[s] = std::max(peak_awaiting_[s], ++awaiting_[s]);
-        held_[s].insert({live_[s], awaiting_[s], false});
+        hold(w, -1);
       }
       return Step::kRan;
     case ActionKind::kBackwardWeight:
@@ -158,7 +186,8 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         " already has its weight gradient on stage ", s);
       TORCH_CHECK_VALUE(backwarded_[k], where(w, pc),
                         "runs before the BackwardInput of micro-batch ", i, " on stage ", s);
-      weighted_[k] = true;
+      weighted(s, i);
+      if (s == 0 && S_ > 1) --upstream_[1];
       --live_[s];
       --awaiting_[s];
       return Step::kRan;

@@ -64,8 +64,9 @@ struct Prediction {
   /// Per stage: the most of them past their input gradient and waiting for their weight
   /// gradient at once (0 where backwards are not split).
   std::vector<int64_t> peak_awaiting_weight_microbatches;
-  /// Per stage: what it held at the moments its memory can peak (Timeline::held_microbatches).
-  std::vector<std::vector<HeldMicrobatches>> held_microbatches;
+  /// Per worker: what its stages held at the moments its memory can peak
+  /// (Timeline::held_microbatches).
+  std::vector<std::vector<std::vector<HeldMicrobatches>>> held_microbatches;
 };
 
 /// Predicts `schedule` under `costs`. Throws c10::ValueError for an invalid schedule

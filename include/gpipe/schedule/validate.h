@@ -42,10 +42,17 @@ struct HeldMicrobatches {
   int64_t live = 0;       ///< forwarded, their weight gradient not computed yet
   int64_t awaiting = 0;   ///< of them, past their BackwardInput, waiting for the weight half
   bool backward = false;  ///< a Backward or BackwardInput starts now, and allocates as it runs
+  /// Past this stage's Backward or BackwardInput, their input gradients not yet used by the
+  /// stage before: its Backward or BackwardInput of them has not run (the first stage's
+  /// BackwardInput computes nothing: its BackwardWeight uses them).
+  int64_t upstream = 0;
+  /// Past this stage's weight gradient, their outputs still held by the next stage, whose weight
+  /// gradient of them is not computed yet (only where backwards are split).
+  int64_t downstream = 0;
 
   bool operator<(const HeldMicrobatches& other) const {
-    return std::tie(live, awaiting, backward) <
-           std::tie(other.live, other.awaiting, other.backward);
+    return std::tie(live, awaiting, backward, upstream, downstream) <
+           std::tie(other.live, other.awaiting, other.backward, other.upstream, other.downstream);
   }
 };
 
@@ -62,9 +69,11 @@ struct Timeline {
   /// peak_awaiting_weight_microbatches[s] is the most of them past their BackwardInput at once,
   /// holding what it left for their BackwardWeight (0 where backwards are not split).
   std::vector<int64_t> peak_awaiting_weight_microbatches;
-  /// held_microbatches[s] lists, once each, what stage s held at the moments its memory can
-  /// peak: after each Forward and BackwardInput, and as each Backward or BackwardInput starts.
-  std::vector<std::vector<HeldMicrobatches>> held_microbatches;
+  /// held_microbatches[w] lists, once each, what worker w held at the moments its memory can
+  /// peak: after each Forward and BackwardInput of one of its stages, and as each Backward or
+  /// BackwardInput starts. Each moment has one entry per stage of w, in increasing stage order
+  /// (one for a worker of one stage); `backward` marks the stage whose backward starts.
+  std::vector<std::vector<std::vector<HeldMicrobatches>>> held_microbatches;
 };
 
 /// Simulates `schedule`; throws c10::ValueError naming the worker, the position and the action

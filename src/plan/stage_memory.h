@@ -1,0 +1,38 @@
+// What one stage of a plan holds, from its layers' costs (layer_costs.h): per micro-batch it
+// holds, per gradient on its way, and throughout - the parts of plan.h's memory rule that a
+// worker's moments of the schedule (validate.h: HeldMicrobatches) then add up.
+#pragma once
+
+#include "gpipe/checkpoint.h"
+#include "gpipe/schedule/validate.h"
+#include "plan/layer_costs.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace gpipe {
+namespace plan_detail {
+
+struct StageMemory {
+  int64_t activations = 0;  ///< a micro-batch's, from its forward to its backward
+  int64_t pending = 0;      ///< more, past a split backward's input half
+  int64_t transient = 0;    ///< more, at most, while a backward (or input half) runs
+  int64_t kept = 0;         ///< a checkpointed micro-batch's: the stage's input
+  int64_t upstream = 0;     ///< a micro-batch's gradients on their way to the stage before
+  bool crosses = false;     ///< to another worker, which may use them later than simulated
+  int64_t downstream = 0;   ///< a micro-batch's output, while the next stage still holds it
+  int64_t fixed = 0;        ///< parameters, and gradients on their way further up
+
+  /// What the stage holds at `moment` under `checkpoint`; `split`: backwards are split.
+  int64_t held(const schedule::HeldMicrobatches& moment, CheckpointMode checkpoint,
+               bool split) const;
+};
+
+/// Stage s of a balance whose stage t holds layers [first[t], first[t + 1]) of `layers`, the
+/// last one followed by `loss`; `crosses`: the stage before runs on another worker.
+StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts& loss,
+                         const std::vector<int64_t>& first, int64_t s, bool split, bool crosses,
+                         double param_scale);
+
+}  // namespace plan_detail
+}  // namespace gpipe
