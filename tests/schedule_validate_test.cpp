@@ -101,8 +101,8 @@ TEST(ScheduleValidateTest, ZeroBubblePendingMicroBatchesPerStage) {
   }
 }
 
-// The moments a worker's memory can peak: GPipe's worker 0 after each of its 3 forwards, and as
-// each of its 3 backwards starts.
+// The moments a worker's memory can peak: GPipe's worker 0 as each of its 3 forwards starts and
+// after it, and as each of its 3 backwards starts.
 TEST(ScheduleValidateTest, HeldMicrobatchesAtEveryMomentMemoryCanPeak) {
   const Timeline gpipe = simulate(gpipe_schedule(2, 3));
   std::vector<HeldMicrobatches> worker0;
@@ -110,8 +110,11 @@ TEST(ScheduleValidateTest, HeldMicrobatchesAtEveryMomentMemoryCanPeak) {
     ASSERT_EQ(moment.size(), 1u);  // one stage
     worker0.push_back(moment[0]);
   }
-  std::vector<HeldMicrobatches> expected{{1, 0, false}, {2, 0, false}, {3, 0, false},
-                                         {1, 0, true},  {2, 0, true},  {3, 0, true}};
+  using Starting = HeldMicrobatches::Starting;
+  std::vector<HeldMicrobatches> expected{
+      {0, 0, Starting::kForward},  {1, 0, Starting::kForward},  {2, 0, Starting::kForward},
+      {1, 0, Starting::kNothing},  {2, 0, Starting::kNothing},  {3, 0, Starting::kNothing},
+      {1, 0, Starting::kBackward}, {2, 0, Starting::kBackward}, {3, 0, Starting::kBackward}};
   std::sort(worker0.begin(), worker0.end());
   std::sort(expected.begin(), expected.end());
   ASSERT_EQ(worker0.size(), expected.size());
@@ -119,7 +122,7 @@ TEST(ScheduleValidateTest, HeldMicrobatchesAtEveryMomentMemoryCanPeak) {
     EXPECT_FALSE(worker0[k] < expected[k] || expected[k] < worker0[k]) << k;
   }
   // Under a split backward, and with stages sharing a worker, the counts of each stage are
-  // among them, up to the peaks; at most one stage starts a backward at a moment.
+  // among them, up to the peaks; at most one stage starts an action at a moment.
   for (const Schedule& schedule : {zb1p_schedule(3, 6), zbv_schedule(2, 4), v_min_schedule(2, 6),
                                    interleaved_one_f_one_b_schedule(2, 2, 4)}) {
     const Timeline timeline = simulate(schedule);
@@ -135,7 +138,7 @@ TEST(ScheduleValidateTest, HeldMicrobatchesAtEveryMomentMemoryCanPeak) {
         for (size_t j = 0; j < stages.size(); ++j) {
           live[stages[j]] = std::max(live[stages[j]], moment[j].live);
           awaiting[stages[j]] = std::max(awaiting[stages[j]], moment[j].awaiting);
-          starting += moment[j].backward ? 1 : 0;
+          starting += moment[j].starting != HeldMicrobatches::Starting::kNothing ? 1 : 0;
           // Gradients on their way upstream, outputs the next stage holds past this stage's
           // weight gradient: only where the stage before or after can lag, and the latter
           // only where backwards are split.

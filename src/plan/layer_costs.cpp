@@ -141,6 +141,7 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
       const std::map<skip::SkipKey, at::Tensor> seeds = tracker->tensors();
       balance::synchronize(device);
       const int64_t before = memory::current_bytes(device);
+      memory::reset_peak(device);
       auto tick = Clock::now();
       Batch output = call(batch, tracker);
       balance::synchronize(device);
@@ -155,6 +156,8 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
       }
       if (pass == 0) {
         costs[k].activation_bytes = std::max<int64_t>(memory::current_bytes(device) - before, 0);
+        costs[k].forward_transient_bytes =
+            std::max<int64_t>(memory::peak_bytes(device) - before - costs[k].activation_bytes, 0);
         costs[k].output_bytes = bytes_of(output);
         for (const auto& key : popped) {
           costs[k].popped.push_back(
@@ -245,10 +248,16 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
         if (pass == 0) {
           costs[k].weight_pending_bytes = memory::current_bytes(device) - held_before;
         }
+        const int64_t weight_before = memory::current_bytes(device);
+        memory::reset_peak(device);
         tick = Clock::now();
         schedule::detail::backward_weight(roots);
         balance::synchronize(device);
         backward_weight[k].push_back(seconds_between(tick, Clock::now()));
+        if (pass == 0) {
+          costs[k].weight_half_transient_bytes =
+              std::max<int64_t>(memory::peak_bytes(device) - weight_before, 0);
+        }
       }
       batch = std::move(output);
     }

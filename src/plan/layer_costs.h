@@ -34,6 +34,11 @@ struct LayerCosts {
   /// Bytes a split backward's input half allocates above what it started with while it runs,
   /// the gradient of the layer's output included: it keeps the graph whole until it ends.
   int64_t input_half_transient_bytes = 0;
+  /// Bytes its forward allocates above what it keeps, at their most (workspace, temporaries).
+  int64_t forward_transient_bytes = 0;
+  /// Bytes the weight half allocates above what it started with while it runs (the parameters'
+  /// gradients allocated already, as a step finds them).
+  int64_t weight_half_transient_bytes = 0;
   /// Bytes of the gradients the input half captures for the weight half: a stage's input half
   /// keeps each layer's while it runs the layers before.
   int64_t captured_gradient_bytes = 0;

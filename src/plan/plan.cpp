@@ -128,13 +128,11 @@ class Family {
     plan.step_seconds = prediction.step_time;
     plan.bubble_fraction = prediction.bubble_fraction;
     plan.peak_bytes.assign(schedule_.num_workers, 0);
-    // A split backward holds, between its halves, what its input half left for the other.
-    const bool split = schedule::splits_backward(shape_.schedule);
     std::vector<plan_detail::StageMemory> stages;
     for (const auto s : c10::irange(S)) {
       const bool crosses = s > 0 && schedule_.worker_of(s - 1) != schedule_.worker_of(s);
-      stages.push_back(plan_detail::stage_memory(layers_, loss_, first, s, split, crosses,
-                                                 options_.param_scale()));
+      stages.push_back(
+          plan_detail::stage_memory(layers_, loss_, first, s, crosses, options_.param_scale()));
     }
     // A worker's stages hold at once what each holds at that moment of the schedule.
     for (const auto w : c10::irange(schedule_.num_workers)) {
@@ -144,11 +142,13 @@ class Family {
       }
       int64_t most = 0;
       for (const auto& moment : prediction.held_microbatches[w]) {
-        int64_t held = 0;
+        // The worker's stages send their gradients one after another: one may lag.
+        int64_t held = 0, lagging = 0;
         for (const auto j : c10::irange(mine.size())) {
-          held += stages[mine[j]].held(moment[j], shape_.checkpoint, split);
+          held += stages[mine[j]].held(moment[j], shape_.checkpoint);
+          lagging = std::max(lagging, stages[mine[j]].lagging(moment[j]));
         }
-        most = std::max(most, held);
+        most = std::max(most, held + lagging);
       }
       for (const int64_t s : mine) most += stages[s].fixed;
       plan.peak_bytes[w] = most;

@@ -5,32 +5,50 @@
 namespace gpipe {
 namespace plan_detail {
 
-int64_t StageMemory::held(const schedule::HeldMicrobatches& moment, CheckpointMode checkpoint,
-                          bool split) const {
-  const int64_t starting = moment.backward ? transient : 0;
-  // Between workers, the simulated order is no promise: one micro-batch's gradients are always
-  // counted on their way.
-  const int64_t on_their_way = crosses ? std::max<int64_t>(moment.upstream, 1) : moment.upstream;
-  const int64_t passed = on_their_way * upstream + moment.downstream * downstream;
+int64_t StageMemory::held(const schedule::HeldMicrobatches& moment,
+                          CheckpointMode checkpoint) const {
+  using Starting = schedule::HeldMicrobatches::Starting;
+  const bool backward =
+      moment.starting == Starting::kBackward || moment.starting == Starting::kBackwardInput;
+  int64_t starting = 0;
+  switch (moment.starting) {
+    case Starting::kNothing:
+      break;
+    case Starting::kForward:
+      starting = forward_transient;
+      break;
+    case Starting::kBackward:
+      starting = backward_transient;
+      break;
+    case Starting::kBackwardInput:
+      starting = input_transient;
+      break;
+    case Starting::kBackwardWeight:
+      starting = weight_transient;
+      break;
+  }
+  const int64_t passed = moment.upstream * upstream + moment.downstream * downstream;
   switch (checkpoint) {
     case CheckpointMode::kNever:
       // Each micro-batch forwarded holds its activations, one past its input half what that
-      // half left for the weight half too; a backward that starts allocates more.
-      return moment.live * activations + (split ? moment.awaiting * pending : 0) + starting +
-             passed;
+      // half left for the weight half too; an action that starts allocates more.
+      return moment.live * activations + moment.awaiting * pending + starting + passed;
     case CheckpointMode::kAlways:
       // Each holds its input; a backward that starts recomputes the activations.
-      return moment.live * kept + (moment.backward ? activations : 0) + starting + passed;
+      return moment.live * kept + (backward ? activations : 0) + starting + passed;
     case CheckpointMode::kExceptLast:
       // And the last micro-batch keeps its activations whole.
-      return moment.live * kept + activations + (moment.backward ? activations : 0) + starting +
-             passed;
+      return moment.live * kept + activations + (backward ? activations : 0) + starting + passed;
   }
   return 0;
 }
 
+int64_t StageMemory::lagging(const schedule::HeldMicrobatches& moment) const {
+  return crosses && moment.upstream == 0 ? upstream : 0;
+}
+
 StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts& loss,
-                         const std::vector<int64_t>& first, int64_t s, bool split, bool crosses,
+                         const std::vector<int64_t>& first, int64_t s, bool crosses,
                          double param_scale) {
   const int64_t S = static_cast<int64_t>(first.size()) - 1;
   // What a micro-batch holds from its forward to its backward; and the most its backward holds
@@ -39,10 +57,15 @@ StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts
   // input half), a micro-batch's gradients go upstream, of its input and of what it popped
   // from the stage before, until that stage uses them; those popped from further up go on, one
   // micro-batch's at a time.
-  int64_t activations = 0, pending = 0, parameters = 0, backward_peak = 0;
+  int64_t activations = 0, pending = 0, parameters = 0, backward_peak = 0, forward_peak = 0;
+  int64_t weight_half_peak = 0;
   int64_t upstream = s > 0 ? layers[first[s]].input_bytes : 0, further = 0;
   for (int64_t k = first[s]; k < first[s + 1]; ++k) {
     const bool chained = k > first[s];
+    // A layer's forward runs beside what the layers before it keep, its input still there.
+    forward_peak = std::max(
+        forward_peak, activations + layers[k].activation_bytes + layers[k].forward_transient_bytes);
+    weight_half_peak = std::max(weight_half_peak, layers[k].weight_half_transient_bytes);
     activations += chained ? layers[k].chained_activation_bytes : layers[k].activation_bytes;
     pending += chained ? layers[k].chained_weight_pending_bytes : layers[k].weight_pending_bytes;
     parameters += layers[k].parameter_bytes;
@@ -70,9 +93,12 @@ StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts
   }
   if (s + 1 == S) input_half_peak = std::max(input_half_peak, loss.backward_transient_bytes);
   // The first stage's input half computes nothing: its weight half is the whole backward, and
-  // each micro-batch keeps all it holds until then.
-  memory.transient =
-      split && s > 0 ? input_half_peak : std::max<int64_t>(backward_peak - memory.activations, 0);
+  // each micro-batch keeps all it holds until then. A weight half frees the graph as it runs.
+  const int64_t whole = std::max<int64_t>(backward_peak - memory.activations, 0);
+  memory.forward_transient = forward_peak;
+  memory.backward_transient = whole;
+  memory.input_transient = s > 0 ? input_half_peak : 0;
+  memory.weight_transient = s > 0 ? weight_half_peak : whole;
   memory.pending = s == 0 ? 0 : std::max(pending, -memory.activations);
   memory.kept = layers[first[s]].input_bytes;
   memory.upstream = upstream;

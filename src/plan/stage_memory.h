@@ -16,22 +16,25 @@ namespace plan_detail {
 struct StageMemory {
   int64_t activations = 0;  ///< a micro-batch's, from its forward to its backward
   int64_t pending = 0;      ///< more, past a split backward's input half
-  int64_t transient = 0;    ///< more, at most, while a backward (or input half) runs
-  int64_t kept = 0;         ///< a checkpointed micro-batch's: the stage's input
-  int64_t upstream = 0;     ///< a micro-batch's gradients on their way to the stage before
-  bool crosses = false;     ///< to another worker, which may use them later than simulated
-  int64_t downstream = 0;   ///< a micro-batch's output, while the next stage still holds it
-  int64_t fixed = 0;        ///< parameters, and gradients on their way further up
+  /// More, at most, while a forward, a whole backward, an input half or a weight half runs.
+  int64_t forward_transient = 0, backward_transient = 0, input_transient = 0, weight_transient = 0;
+  int64_t kept = 0;        ///< a checkpointed micro-batch's: the stage's input
+  int64_t upstream = 0;    ///< a micro-batch's gradients on their way to the stage before
+  bool crosses = false;    ///< to another worker, which may use them later than simulated
+  int64_t downstream = 0;  ///< a micro-batch's output, while the next stage still holds it
+  int64_t fixed = 0;       ///< parameters, and gradients on their way further up
 
-  /// What the stage holds at `moment` under `checkpoint`; `split`: backwards are split.
-  int64_t held(const schedule::HeldMicrobatches& moment, CheckpointMode checkpoint,
-               bool split) const;
+  /// What the stage holds at `moment` under `checkpoint`.
+  int64_t held(const schedule::HeldMicrobatches& moment, CheckpointMode checkpoint) const;
+  /// Between workers the simulated order is no promise: what the stage would hold more at
+  /// `moment` if the stage before had not yet used one micro-batch's gradients it sent.
+  int64_t lagging(const schedule::HeldMicrobatches& moment) const;
 };
 
 /// Stage s of a balance whose stage t holds layers [first[t], first[t + 1]) of `layers`, the
 /// last one followed by `loss`; `crosses`: the stage before runs on another worker.
 StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts& loss,
-                         const std::vector<int64_t>& first, int64_t s, bool split, bool crosses,
+                         const std::vector<int64_t>& first, int64_t s, bool crosses,
                          double param_scale);
 
 }  // namespace plan_detail

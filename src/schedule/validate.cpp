@@ -67,11 +67,14 @@ class Simulation {
   void check_static(int64_t w, int64_t pc, const Action& a) const;
   std::string where(int64_t w, int64_t pc) const;
   std::string worker(int64_t w) const;
-  // Records what worker w's stages hold now, as stage `backward` (-1: none) starts a backward.
-  void hold(int64_t w, int64_t backward) {
+  // Records what worker w's stages hold now, as stage `stage` starts `starting`.
+  void hold(int64_t w, int64_t stage = -1,
+            HeldMicrobatches::Starting starting = HeldMicrobatches::Starting::kNothing) {
     std::vector<HeldMicrobatches> moment;
     for (const int64_t s : stages_of_[w]) {
-      moment.push_back({live_[s], awaiting_[s], s == backward, upstream_[s], downstream_[s]});
+      moment.push_back({live_[s], awaiting_[s],
+                        s == stage ? starting : HeldMicrobatches::Starting::kNothing, upstream_[s],
+                        downstream_[s]});
     }
     held_[w].insert(std::move(moment));
   }
@@ -155,8 +158,9 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         " before it arrives (no RecvActivation of it before)");
       forwarded_[k] = true;
       if (!forward_only_) {
+        hold(w, s, HeldMicrobatches::Starting::kForward);
         peak_live_[s] = std::max(peak_live_[s], ++live_[s]);
-        hold(w, -1);
+        hold(w);
       }
       return Step::kRan;
     case ActionKind::kBackward:
@@ -169,7 +173,9 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         "uses the gradient of micro-batch ", i,
                         " before it arrives (no RecvGradient of it before)");
       backwarded_[k] = true;
-      hold(w, s);
+      hold(w, s,
+           a.kind == ActionKind::kBackward ? HeldMicrobatches::Starting::kBackward
+                                           : HeldMicrobatches::Starting::kBackwardInput);
       if (s > 0) ++upstream_[s];
       // The gradient from the next stage is used, but by the first stage's weight half.
       if (s + 1 < S_ && (a.kind == ActionKind::kBackward || s > 0)) --upstream_[s + 1];
@@ -178,7 +184,7 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
         --live_[s];
       } else {
         peak_awaiting_[s] = std::max(peak_awaiting_[s], ++awaiting_[s]);
-        hold(w, -1);
+        hold(w);
       }
       return Step::kRan;
     case ActionKind::kBackwardWeight:
@@ -186,6 +192,7 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         " already has its weight gradient on stage ", s);
       TORCH_CHECK_VALUE(backwarded_[k], where(w, pc),
                         "runs before the BackwardInput of micro-batch ", i, " on stage ", s);
+      hold(w, s, HeldMicrobatches::Starting::kBackwardWeight);
       weighted(s, i);
       if (s == 0 && S_ > 1) --upstream_[1];
       --live_[s];

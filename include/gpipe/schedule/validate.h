@@ -39,9 +39,12 @@ struct ValidateOptions {
 
 /// The micro-batches a stage holds at one moment of a step.
 struct HeldMicrobatches {
-  int64_t live = 0;       ///< forwarded, their weight gradient not computed yet
-  int64_t awaiting = 0;   ///< of them, past their BackwardInput, waiting for the weight half
-  bool backward = false;  ///< a Backward or BackwardInput starts now, and allocates as it runs
+  /// What the stage starts at the moment, which allocates more as it runs: an action's kind.
+  enum class Starting { kNothing, kForward, kBackward, kBackwardInput, kBackwardWeight };
+
+  int64_t live = 0;      ///< forwarded, their weight gradient not computed yet
+  int64_t awaiting = 0;  ///< of them, past their BackwardInput, waiting for the weight half
+  Starting starting = Starting::kNothing;
   /// Past this stage's Backward or BackwardInput, their input gradients not yet used by the
   /// stage before: its Backward or BackwardInput of them has not run (the first stage's
   /// BackwardInput computes nothing: its BackwardWeight uses them).
@@ -51,8 +54,8 @@ struct HeldMicrobatches {
   int64_t downstream = 0;
 
   bool operator<(const HeldMicrobatches& other) const {
-    return std::tie(live, awaiting, backward, upstream, downstream) <
-           std::tie(other.live, other.awaiting, other.backward, other.upstream, other.downstream);
+    return std::tie(live, awaiting, starting, upstream, downstream) <
+           std::tie(other.live, other.awaiting, other.starting, other.upstream, other.downstream);
   }
 };
 
@@ -70,9 +73,9 @@ struct Timeline {
   /// holding what it left for their BackwardWeight (0 where backwards are not split).
   std::vector<int64_t> peak_awaiting_weight_microbatches;
   /// held_microbatches[w] lists, once each, what worker w held at the moments its memory can
-  /// peak: after each Forward and BackwardInput of one of its stages, and as each Backward or
-  /// BackwardInput starts. Each moment has one entry per stage of w, in increasing stage order
-  /// (one for a worker of one stage); `backward` marks the stage whose backward starts.
+  /// peak: as each compute action of one of its stages starts, and after each Forward and
+  /// BackwardInput. Each moment has one entry per stage of w, in increasing stage order (one
+  /// for a worker of one stage); `starting` marks the stage whose action starts.
   std::vector<std::vector<std::vector<HeldMicrobatches>>> held_microbatches;
 };
 
