@@ -129,10 +129,14 @@ class Family {
     plan.bubble_fraction = prediction.bubble_fraction;
     plan.peak_bytes.assign(schedule_.num_workers, 0);
     std::vector<plan_detail::StageMemory> stages;
+    const bool split = schedule::splits_backward(shape_.schedule);
     for (const auto s : c10::irange(S)) {
-      const bool crosses = s > 0 && schedule_.worker_of(s - 1) != schedule_.worker_of(s);
-      stages.push_back(
-          plan_detail::stage_memory(layers_, loss_, first, s, crosses, options_.param_scale()));
+      const auto elsewhere = [&](int64_t t) {
+        return schedule_.worker_of(t) != schedule_.worker_of(s);
+      };
+      stages.push_back(plan_detail::stage_memory(layers_, loss_, first, s, options_.param_scale()));
+      stages.back().upstream_crosses = s > 0 && elsewhere(s - 1);
+      stages.back().downstream_crosses = split && s + 1 < S && elsewhere(s + 1);
     }
     // A worker's stages hold at once what each holds at that moment of the schedule.
     for (const auto w : c10::irange(schedule_.num_workers)) {

@@ -44,12 +44,12 @@ int64_t StageMemory::held(const schedule::HeldMicrobatches& moment,
 }
 
 int64_t StageMemory::lagging(const schedule::HeldMicrobatches& moment) const {
-  return crosses && moment.upstream == 0 ? upstream : 0;
+  return std::max(upstream_crosses && moment.upstream == 0 ? upstream : 0,
+                  downstream_crosses && moment.downstream == 0 ? downstream : 0);
 }
 
 StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts& loss,
-                         const std::vector<int64_t>& first, int64_t s, bool crosses,
-                         double param_scale) {
+                         const std::vector<int64_t>& first, int64_t s, double param_scale) {
   const int64_t S = static_cast<int64_t>(first.size()) - 1;
   // What a micro-batch holds from its forward to its backward; and the most its backward holds
   // while it runs: the layers' backwards run last to first, each beside what the layers before
@@ -102,7 +102,6 @@ StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts
   memory.pending = s == 0 ? 0 : std::max(pending, -memory.activations);
   memory.kept = layers[first[s]].input_bytes;
   memory.upstream = upstream;
-  memory.crosses = crosses;
   // What this stage sent the next stays until the next one's weight half, which may come after
   // this stage's own.
   memory.downstream = s + 1 < S ? layers[first[s + 1]].input_bytes : 0;

@@ -20,22 +20,24 @@ struct StageMemory {
   int64_t forward_transient = 0, backward_transient = 0, input_transient = 0, weight_transient = 0;
   int64_t kept = 0;        ///< a checkpointed micro-batch's: the stage's input
   int64_t upstream = 0;    ///< a micro-batch's gradients on their way to the stage before
-  bool crosses = false;    ///< to another worker, which may use them later than simulated
   int64_t downstream = 0;  ///< a micro-batch's output, while the next stage still holds it
   int64_t fixed = 0;       ///< parameters, and gradients on their way further up
+  /// The stage before, the stage after (under a split backward) runs on another worker, which
+  /// may use what this stage sent it later than simulated.
+  bool upstream_crosses = false, downstream_crosses = false;
 
   /// What the stage holds at `moment` under `checkpoint`.
   int64_t held(const schedule::HeldMicrobatches& moment, CheckpointMode checkpoint) const;
   /// Between workers the simulated order is no promise: what the stage would hold more at
-  /// `moment` if the stage before had not yet used one micro-batch's gradients it sent.
+  /// `moment` if the stage before had not yet used one micro-batch's gradients it sent, or the
+  /// stage after not yet freed one micro-batch's output.
   int64_t lagging(const schedule::HeldMicrobatches& moment) const;
 };
 
 /// Stage s of a balance whose stage t holds layers [first[t], first[t + 1]) of `layers`, the
-/// last one followed by `loss`; `crosses`: the stage before runs on another worker.
+/// last one followed by `loss`; the crossings left false.
 StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts& loss,
-                         const std::vector<int64_t>& first, int64_t s, bool crosses,
-                         double param_scale);
+                         const std::vector<int64_t>& first, int64_t s, double param_scale);
 
 }  // namespace plan_detail
 }  // namespace gpipe
