@@ -5,9 +5,10 @@
 // plan() profiles every layer once per micro-batch size it considers (forward; the whole
 // backward, and the backward split into its input and weight halves as the zero-bubble schedules
 // split it; the activations its forward keeps for backward, what the input half leaves for the
-// weight half and captures for it, and what each backward allocates while it runs - each also
-// as the layer runs after another in a stage, where its input can go; its input, which is what a
-// checkpoint keeps and what a stage receives; its parameters). On the CPU it then calibrates
+// weight half and captures for it, and what its forward and each backward allocate while they
+// run - the activations and what the input half leaves also as the layer runs after another in
+// a stage, where its input can go; its input, which is what a checkpoint keeps and what a
+// stage receives; its parameters). On the CPU it then calibrates
 // the times: a few GPipe steps of the model on the workers show how much slower its layers run
 // side by side than alone, and the profile is scaled by that. It searches every family -
 // schedule kind x stages per worker x micro-batches x checkpoint mode - for its best balance,
@@ -18,24 +19,26 @@
 //              a checkpointed backward also recomputes the forward.
 //   memory     per worker, the parameters (times param_scale: weights, gradients, optimizer
 //              state) of its layers, plus the most its stages hold together at any moment of the
-//              schedule (predict()'s held_microbatches, per worker): each micro-batch forwarded
-//              holds the stage's activations (the first layer's and what each next one adds:
-//              its input goes unless it saved it; on the last stage, what the loss keeps); one
-//              past a split backward's input half also holds what that half left for the weight
-//              half (the gradients it captured, less what only it needed; on the first stage,
-//              whose input half computes nothing, nothing more). A backward that starts holds,
-//              at its most, what its layers' backwards hold as they run last to first: each
-//              beside the activations of the layers before it, the gradient of its output and
-//              what it allocates (on the last stage, the loss's backward first, beside all of
-//              them); a split backward's input half frees nothing until it ends, so its layers'
-//              run beside the whole graph and the gradients captured so far. The gradients a
+//              schedule (predict()'s held_microbatches: per worker, as each action starts and
+//              after each forward and input half): each micro-batch forwarded holds the stage's
+//              activations (the first layer's and what each next one adds: its input goes
+//              unless it saved it; on the last stage, what the loss keeps); one past a split
+//              backward's input half also holds what that half left for the weight half (the
+//              gradients it captured, less what only it needed; on the first stage, whose input
+//              half computes nothing, nothing more). An action that starts allocates more while
+//              it runs: a forward, its layers' workspace, each beside what the layers before it
+//              keep; a backward, its layers' backwards last to first, each beside the
+//              activations of the layers before it, the gradient of its output and what it
+//              allocates (on the last stage, the loss's backward first, beside all of them); an
+//              input half, the same but freeing nothing until it ends, beside the gradients
+//              captured so far; a weight half, its largest layer's workspace. The gradients a
 //              stage sends upstream (of its input, and of the skips it popped from the stage
-//              before) count until that stage's backward uses them - between workers, at least
-//              one micro-batch's - and those of skips popped from further up one micro-batch's;
-//              what it sent the next stage counts, once its own graph is freed, until the next
-//              stage's weight half. With checkpointing, each live micro-batch holds only the
-//              stage's input, plus its whole activations while its backward recomputes them (and
-//              the last micro-batch's, spared by kExceptLast).
+//              before) count until that stage's backward uses them, those of skips popped from
+//              further up one micro-batch's; what it sent the next stage counts, once its own
+//              graph is freed, until the next stage's weight half; between workers, one
+//              micro-batch's more of either per moment, as if late. With checkpointing, each live
+//              micro-batch holds only the stage's input, plus its whole activations while its
+//              backward recomputes them (and the last micro-batch's, spared by kExceptLast).
 //   balance    starts from the partition whose slowest stage is fastest (block_partition), and
 //              from the one whose largest stage is smallest, then moves one layer at a time
 //              across a cut while that lowers the predicted step time (or, over the cap, the
