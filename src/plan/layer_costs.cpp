@@ -169,7 +169,8 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
         // half. The copy is made by an addition, as a layer's output is, so that no leaf's
         // AccumulateGrad keeps it; the addition's other operand is the input half's leaf. The
         // weight half allocates the parameters' gradients, which a step finds allocated.
-        // An input that a layer before stashed stays, held for the layer that pops it.
+        // An input that a layer before stashed stays, held for the layer that pops it: the
+        // copies in held_by_skips stay until the measurement ends.
         std::optional<Batch> copy = batch;
         std::vector<at::Tensor> leaves, held_by_skips;
         for (const auto j : c10::irange(batch.size())) {

@@ -79,7 +79,7 @@ class Simulation {
     held_[w].insert(std::move(moment));
   }
   // Micro-batch i is through stage s's weight gradient: its graph there is freed, but its output
-  // stays while the next stage holds it, and its input is let go of by the stage before.
+  // stays while the next stage holds it, and the output of the stage before, held here, goes.
   void weighted(int64_t s, int64_t i) {
     weighted_[index(s, i)] = true;
     if (s + 1 < S_ && !weighted_[index(s + 1, i)]) ++downstream_[s];
@@ -105,8 +105,8 @@ class Simulation {
   std::vector<int64_t> live_, peak_live_, awaiting_, peak_awaiting_;
   // Per stage: what HeldMicrobatches::upstream and downstream count, now.
   std::vector<int64_t> upstream_, downstream_;
-  // Per worker: its stages, in increasing order; what they held after each Forward and
-  // BackwardInput of one, and as each Backward or BackwardInput of one started.
+  // Per worker: its stages, in increasing order; what they held as each compute action of one
+  // started, and after each Forward and BackwardInput of one.
   std::vector<std::vector<int64_t>> stages_of_;
   std::vector<std::set<std::vector<HeldMicrobatches>>> held_;
   bool split_ = false;  // the schedule splits backwards
