@@ -103,8 +103,15 @@ StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts
   memory.kept = layers[first[s]].input_bytes;
   memory.upstream = upstream;
   // What this stage sent the next stays until the next one's weight half, which may come after
-  // this stage's own.
+  // this stage's own; and so do the skips it stashed for later stages, which hold them as long.
   memory.downstream = s + 1 < S ? layers[first[s + 1]].input_bytes : 0;
+  for (int64_t k = first[s + 1]; k < first[S]; ++k) {
+    for (const auto& popped : layers[k].popped) {
+      if (popped.stashed_by >= first[s] && popped.stashed_by < first[s + 1]) {
+        memory.downstream += popped.bytes;
+      }
+    }
+  }
   memory.fixed = further + static_cast<int64_t>(param_scale * static_cast<double>(parameters));
   return memory;
 }

@@ -20,7 +20,7 @@ struct StageMemory {
   int64_t forward_transient = 0, backward_transient = 0, input_transient = 0, weight_transient = 0;
   int64_t kept = 0;        ///< a checkpointed micro-batch's: the stage's input
   int64_t upstream = 0;    ///< a micro-batch's gradients on their way to the stage before
-  int64_t downstream = 0;  ///< a micro-batch's output, while the next stage still holds it
+  int64_t downstream = 0;  ///< a micro-batch's output and skips, while later stages hold them
   int64_t fixed = 0;       ///< parameters, and gradients on their way further up
   /// The stage before, the stage after (under a split backward) runs on another worker, which
   /// may use what this stage sent it later than simulated.
