@@ -19,10 +19,17 @@ namespace gpipe {
 namespace memory {
 namespace {
 
-// Each allocation carries its requested size in a header in front of the data, so that the
-// deleter needs only the data pointer (and raw_allocate/raw_deallocate keep working). The header
-// is as large as c10's strictest CPU alignment, so the data stays as aligned as the base.
+// Each allocation carries its requested size and its tags in a header in front of the data, so
+// that the deleter needs only the data pointer (and raw_allocate/raw_deallocate keep working).
+// The header is as large as c10's strictest CPU alignment, so the data stays as aligned as the
+// base.
 constexpr size_t kHeader = 64;
+struct Header {
+  int64_t bytes;
+  int64_t tag;     // -1: none
+  int64_t worker;  // -1: none
+};
+static_assert(sizeof(Header) <= kHeader, "the header must fit in front of the data");
 
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
@@ -30,8 +37,7 @@ std::atomic<bool> g_installed{false};
 c10::Allocator* g_inner = nullptr;            // set once, before the wrapper is installed
 c10::DeleterFnPtr g_inner_deleter = nullptr;  // g_inner->raw_deleter()
 
-// Per tag and per worker tag, like the totals; the header of each allocation remembers both
-// (-1: none).
+// Per tag and per worker tag, like the totals.
 struct Counters {
   std::atomic<int64_t> current[kMaxTags];
   std::atomic<int64_t> peak[kMaxTags];
@@ -53,6 +59,16 @@ void add(int64_t bytes, int64_t tag, int64_t worker) {
   if (worker >= 0) add(g_workers.current[worker], g_workers.peak[worker], bytes);
 }
 
+// Freed: no peak to raise.
+void release(const Header& header) {
+  g_current.fetch_sub(header.bytes, std::memory_order_relaxed);
+  if (header.tag >= 0)
+    g_tags.current[header.tag].fetch_sub(header.bytes, std::memory_order_relaxed);
+  if (header.worker >= 0) {
+    g_workers.current[header.worker].fetch_sub(header.bytes, std::memory_order_relaxed);
+  }
+}
+
 void reset_peaks(Counters& counters) {
   for (int64_t tag = 0; tag < kMaxTags; ++tag) {
     counters.peak[tag].store(counters.current[tag].load(std::memory_order_relaxed),
@@ -69,15 +85,9 @@ void check_tag(int64_t tag) {
 void tracked_delete(void* data) {
   if (data == nullptr) return;
   char* base = static_cast<char*>(data) - kHeader;
-  int64_t bytes = 0;
-  int64_t tag = -1;
-  int64_t worker = -1;
-  std::memcpy(&bytes, base, sizeof(bytes));
-  std::memcpy(&tag, base + sizeof(bytes), sizeof(tag));
-  std::memcpy(&worker, base + sizeof(bytes) + sizeof(tag), sizeof(worker));
-  g_current.fetch_sub(bytes, std::memory_order_relaxed);
-  if (tag >= 0) g_tags.current[tag].fetch_sub(bytes, std::memory_order_relaxed);
-  if (worker >= 0) g_workers.current[worker].fetch_sub(bytes, std::memory_order_relaxed);
+  Header header{};
+  std::memcpy(&header, base, sizeof(header));
+  release(header);
   g_inner_deleter(base);
 }
 
@@ -90,13 +100,9 @@ class TrackingCPUAllocator final : public c10::Allocator {
     TORCH_INTERNAL_ASSERT(inner.get() == inner.get_context(),
                           "the wrapped CPU allocator returned a context that is not its data");
     char* base = static_cast<char*>(inner.release_context());
-    const auto bytes = static_cast<int64_t>(nbytes);
-    const int64_t tag = t_tag;
-    const int64_t worker = t_worker;
-    std::memcpy(base, &bytes, sizeof(bytes));
-    std::memcpy(base + sizeof(bytes), &tag, sizeof(tag));
-    std::memcpy(base + sizeof(bytes) + sizeof(tag), &worker, sizeof(worker));
-    add(bytes, tag, worker);
+    const Header header{static_cast<int64_t>(nbytes), t_tag, t_worker};
+    std::memcpy(base, &header, sizeof(header));
+    add(header.bytes, header.tag, header.worker);
     return {base + kHeader, base + kHeader, &tracked_delete, cpu};
   }
 

@@ -74,10 +74,15 @@ c10::Device memory_profiling_device(const Batch& sample) {
 }
 
 int64_t parameter_bytes(torch::nn::Sequential& module) {
+  return storage_bytes(module->parameters());
+}
+
+int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
   std::unordered_set<const void*> storages;
   int64_t bytes = 0;
-  for (const auto& parameter : module->parameters()) {
-    const auto& storage = parameter.storage();
+  for (const auto& tensor : tensors) {
+    if (!tensor.defined() || !tensor.has_storage()) continue;
+    const auto& storage = tensor.storage();
     if (storages.insert(storage.unsafeGetStorageImpl()).second) {
       bytes += static_cast<int64_t>(storage.nbytes());
     }

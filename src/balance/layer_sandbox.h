@@ -55,5 +55,9 @@ c10::Device memory_profiling_device(const Batch& sample);
 /// The bytes of `module`'s parameters, each storage once.
 int64_t parameter_bytes(torch::nn::Sequential& module);
 
+/// Bytes of the storages behind `tensors`, each storage once (views of one buffer count it
+/// once, whole); undefined tensors count nothing.
+int64_t storage_bytes(const std::vector<at::Tensor>& tensors);
+
 }  // namespace balance
 }  // namespace gpipe

@@ -16,7 +16,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 
 namespace gpipe {
@@ -40,19 +39,6 @@ int64_t bytes_of(const Batch& batch) {
   int64_t bytes = 0;
   for (const auto& tensor : batch.tensors()) {
     if (tensor.defined()) bytes += static_cast<int64_t>(tensor.nbytes());
-  }
-  return bytes;
-}
-
-// Bytes of the storages behind `tensors`, each once.
-int64_t distinct_bytes(const std::vector<at::Tensor>& tensors) {
-  std::set<const void*> seen;
-  int64_t bytes = 0;
-  for (const auto& tensor : tensors) {
-    if (!tensor.defined() || !tensor.has_storage()) continue;
-    if (seen.insert(tensor.storage().unsafeGetStorageImpl()).second) {
-      bytes += static_cast<int64_t>(tensor.storage().nbytes());
-    }
   }
   return bytes;
 }
@@ -242,7 +228,7 @@ std::vector<LayerCosts> profile_layer_costs(torch::nn::Sequential model, const B
         if (pass == 0) {
           costs[k].input_half_transient_bytes =
               std::max<int64_t>(memory::peak_bytes(device) - held_before, 0);
-          costs[k].captured_gradient_bytes = distinct_bytes(roots.grads);
+          costs[k].captured_gradient_bytes = balance::storage_bytes(roots.grads);
         }
         upstream.clear();  // sent to the stage before
         received.clear();
