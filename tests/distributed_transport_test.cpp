@@ -302,6 +302,75 @@ TEST(DistributedTransportTest, TheNextStepsFirstReceiveIsPostedBeforeItBegins) {
   });
 }
 
+// Two transports over one group, each with a receive posted ahead for its next step, step in
+// turns and then one after the other is gone: each takes only its own batches. Tags shared
+// between them would let the receive posted for one take the other's batch.
+TEST(DistributedTransportTest, TransportsOverOneGroupKeepTheirMessagesApart) {
+  const int port = launcher::free_port();
+  const auto options = C10dTransportOptions().timeout(std::chrono::seconds(5));
+  std::vector<std::exception_ptr> errors(2);
+  std::vector<std::thread> threads;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        Environment env;
+        env.rank = rank;
+        env.world_size = 2;
+        env.local_rank = rank;
+        env.master_addr = "127.0.0.1";
+        env.master_port = port;
+        const ProcessGroup group = rendezvous(env, std::chrono::seconds(20));
+        auto first = std::make_unique<C10dTransport>(group, 2, options);
+        C10dTransport second(group, 2, options);
+        // One step of `transport` carrying `value` from rank 0 to rank 1, then a receive posted
+        // for its next step.
+        const auto step = [&](C10dTransport& transport, double value, const char* what) {
+          transport.begin_step();
+          if (rank == 0) {
+            transport.send(Batch(torch::full({2}, value)), 0, 1, 0);
+            transport.flush();
+            return;
+          }
+          transport.expect(0, 1, 1);
+          EXPECT_TRUE(
+              testing::bitwise_equal(transport.recv(0, 1, 0).tensor(), torch::full({2}, value)))
+              << what;
+          transport.expect_in_next_step(0, 1);
+        };
+        step(*first, 1, "the first transport's first step");
+        step(second, 2, "the second transport's first step, in turn");
+        step(*first, 3, "the first transport's second step");
+        step(second, 4, "the second transport's second step");
+        first->barrier("both stepped", std::chrono::seconds(5));
+        first.reset();  // its receive stays posted for a step that never comes
+        step(second, 5, "the second transport's step after the first is gone");
+        C10dTransport third(group, 2, options);
+        step(third, 6, "a third transport's step");
+      } catch (...) {
+        errors[rank] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+}
+
+// The tags of 1024 transports of up to 1022 stages fit in a Gloo tag; more are refused.
+TEST(DistributedTransportTest, TagRangesThatDoNotFitAreRefused) {
+  Environment env;  // one rank
+  env.master_addr = "127.0.0.1";
+  env.master_port = launcher::free_port();
+  const ProcessGroup group = rendezvous(env, std::chrono::seconds(20));
+  GPIPE_EXPECT_THROW_WITH(C10dTransport(group, 1023), c10::ValueError,
+                          "a transport carries at most 1022 stages, but got 1023");
+  *group.transports = 1024;
+  GPIPE_EXPECT_THROW_WITH(C10dTransport(group, 2), c10::ValueError,
+                          "at most 1024 transports fit in one process group (each has its own "
+                          "tags), but this is number 1025: rendezvous again for more");
+}
+
 TEST(DistributedTransportTest, ExpectRejectsBadArguments) {
   run_ranks([&](int64_t rank, C10dTransport& transport) {
     if (rank == 1) {

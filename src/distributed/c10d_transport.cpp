@@ -112,10 +112,16 @@ C10dTransport::Impl::Impl(ProcessGroup group, int64_t num_stages, C10dTransportO
       pipeline_size_(options.pipeline_size() > 0 ? options.pipeline_size() : group_.world_size()),
       device_(detail::normalize_device(options.device())),
       // Every rank makes its transports over a group in the same order, so the count names the
-      // same transport on every rank and keeps its keys apart from earlier ones.
-      keys_("gpipe/transport" + std::to_string(group_.transports ? (*group_.transports)++ : 0) +
-            "/") {
+      // same transport on every rank and keeps its keys and tags apart from the others'.
+      index_(group_.transports ? (*group_.transports)++ : 0),
+      keys_("gpipe/transport" + std::to_string(index_) + "/") {
   TORCH_CHECK_VALUE(num_stages > 0, "num_stages must be positive, but got ", num_stages);
+  TORCH_CHECK_VALUE(num_stages <= kMostStages, "a transport carries at most ", kMostStages,
+                    " stages, but got ", num_stages);
+  TORCH_CHECK_VALUE(
+      index_ < kMostTransports, "at most ", kMostTransports,
+      " transports fit in one process group (each has its own tags), but this is number ",
+      index_ + 1, ": rendezvous again for more");
   TORCH_CHECK_VALUE(group_.world_size() % pipeline_size_ == 0, "pipelines of ", pipeline_size_,
                     " ranks do not divide WORLD_SIZE = ", group_.world_size());
   TORCH_CHECK_VALUE(
@@ -173,13 +179,16 @@ TransportEdge& C10dTransport::Impl::edge(int64_t from_stage, int64_t to_stage,
   return edges_[{from_stage, to_stage, lane}];
 }
 
+// Each transport's tags lie in a range of their own, kTagsPerTransport from the transport's index
+// times it: transports over one group post receives ahead for their next steps, and a receive
+// takes the first message on its tag, whichever transport sent it.
 int C10dTransport::Impl::edge_tag(int64_t from_stage, int64_t to_stage, schedule::Lane lane) const {
   // s -> s + 1 is 2s, s + 1 -> s is 2s + 1; 2 * num_stages carries values between ranks; the
   // skip lane's edges come after it.
-  if (lane == schedule::Lane::kSkip) {
-    return static_cast<int>(2 * num_stages_ + 1 + from_stage * num_stages_ + to_stage);
-  }
-  return static_cast<int>(to_stage > from_stage ? 2 * from_stage : 2 * to_stage + 1);
+  const int64_t tag = lane == schedule::Lane::kSkip
+                          ? 2 * num_stages_ + 1 + from_stage * num_stages_ + to_stage
+                          : (to_stage > from_stage ? 2 * from_stage : 2 * to_stage + 1);
+  return static_cast<int>(index_ * kTagsPerTransport + tag);
 }
 
 int C10dTransport::Impl::payload_tag(int edge_tag) const {
@@ -189,7 +198,7 @@ int C10dTransport::Impl::payload_tag(int edge_tag) const {
 
 int C10dTransport::Impl::value_tag() const {
   // After the pipeline lane's edges' tags (edge_tag).
-  return static_cast<int>(2 * num_stages_);
+  return static_cast<int>(index_ * kTagsPerTransport + 2 * num_stages_);
 }
 
 Backend& C10dTransport::Impl::backend(const c10::Device& device, int tag) {

@@ -128,10 +128,17 @@ class C10dTransport::Impl {
   bool aborted() const;
 
   ProcessGroup group_;
+  // Tags: each transport's range (edge_tag) holds its edges' tags, the values' and the payloads'
+  // (2 * (2S + 1 + S^2) for S stages); 1024 ranges fit in a Gloo tag (an int).
+  static constexpr int64_t kTagsPerTransport = int64_t{1} << 21;
+  static constexpr int64_t kMostStages = 1022;
+  static constexpr int64_t kMostTransports = 1024;
+
   int64_t num_stages_;
   C10dTransportOptions options_;
   int64_t pipeline_size_;
   c10::Device device_;
+  int64_t index_;     // of the transports made over the group, counted alike on every rank
   std::string keys_;  // the prefix of this transport's keys in the store
   std::map<std::tuple<int64_t, int64_t, schedule::Lane>, TransportEdge> edges_;  // (from, to, lane)
   // Activations sent per (from_stage, to_stage, lane, micro-batch): what their gradients must

@@ -48,8 +48,9 @@
 // copied to the host to be read, and its waits poll the work, so that aborts and the timeout
 // behave as with Gloo. The loss travels over Gloo as a CPU tensor.
 //
-// Several transports may share one ProcessGroup one after another (each has its own keys in the
-// store), as long as every rank makes them in the same order.
+// Several transports (at most 1024) may share one ProcessGroup, one after another or in turns:
+// each has its own keys in the store and its own tags, so that a receive one posted ahead never
+// takes another's message, as long as every rank makes them in the same order.
 //
 // Thread safety: send(), recv(), flush() and report_failure() are called by one thread (the
 // rank's worker); abort() from any thread, as the failure monitor's watcher does. (The state
