@@ -165,15 +165,12 @@ TEST(DistributedPipelineTest, SkipsAcrossStagesEverySchedule) {
 // gradients of two steps are bitwise the same, skips across stages included, and they are the
 // plain model's.
 TEST(DistributedPipelineTest, ReceiveWindowKeepsEveryBitOfTheGradients) {
-  for (const auto& [ranks, schedule, per_rank] :
-       std::vector<std::tuple<int, std::string, int64_t>>{{2, "gpipe", 1},
-                                                          {4, "1f1b", 1},
-                                                          {2, "zbv", 2},
-                                                          {4, "interleaved_1f1b", 2}}) {
+  for (const auto& [ranks, schedule, per_rank] : std::vector<std::tuple<int, std::string, int64_t>>{
+           {2, "gpipe", 1}, {4, "1f1b", 1}, {2, "zbv", 2}, {4, "interleaved_1f1b", 2}}) {
     SCOPED_TRACE(std::to_string(ranks) + " ranks, " + schedule);
     const int64_t S = ranks * per_rank;
     std::map<int64_t, std::vector<std::vector<at::Tensor>>> grads;  // per window, per stage
-    std::map<int64_t, std::vector<at::Tensor>> losses;               // per window, per rank
+    std::map<int64_t, std::vector<at::Tensor>> losses;              // per window, per rank
     for (const int64_t window : {1, 2, 0}) {
       const std::string flags = "--schedule " + schedule + " --stages-per-worker " +
                                 std::to_string(per_rank) + " --chunks 8 --skips 1 --steps 2" +
@@ -207,6 +204,44 @@ TEST(DistributedPipelineTest, ReceiveWindowKeepsEveryBitOfTheGradients) {
   }
   expect_equivalent(2, "gpipe", 1, 1, "never", 8, "--receive-window 1", /*skips=*/true);
   expect_equivalent(2, "gpipe", 1, 1, "never", 8, "--receive-window 3", /*skips=*/true);
+}
+
+// Steps without zeroing the gradients add them up, with replicas and ties: two steps leave twice
+// one step's gradients, under either loss reduction. Replicas and ties must reduce only the
+// step's own gradients (summed over replicas, the ones accumulated before would count D times),
+// while the others accumulate in place.
+TEST(DistributedPipelineTest, StepsAccumulateGradientsWithReplicasAndTies) {
+  for (const auto& [ranks, replicas, flags] : std::vector<std::tuple<int, int64_t, std::string>>{
+           {4, 2, "--loss-reduction mean"},
+           {4, 2, "--loss-reduction sum"},
+           {2, 1, "--tied 1"},
+           {4, 2, "--tied 1 --loss-reduction sum"}}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks, " + std::to_string(replicas) + " replicas, " +
+                 flags);
+    std::map<int64_t, std::vector<std::vector<at::Tensor>>> grads;  // per steps
+    for (const int64_t steps : {1, 2}) {
+      const testing::Launch launch = testing::launch_workers(
+          ranks, "--schedule 1f1b --chunks 4 --data-parallel " + std::to_string(replicas) + " " +
+                     flags + " --steps " + std::to_string(steps));
+      ASSERT_EQ(launch.exit_code, 0) << launch.output;
+      for (int64_t s = 0; s < ranks / replicas; ++s) {
+        for (int64_t d = 0; d < replicas; ++d) {
+          std::vector<at::Tensor> stage;
+          torch::load(stage, launch.dir + "/grads_stage" + std::to_string(s) + "_replica" +
+                                 std::to_string(d) + ".pt");
+          grads[steps].push_back(stage);
+        }
+      }
+    }
+    ASSERT_EQ(grads[1].size(), grads[2].size());
+    for (size_t k = 0; k < grads[1].size(); ++k) {
+      ASSERT_EQ(grads[1][k].size(), grads[2][k].size());
+      for (size_t p = 0; p < grads[1][k].size(); ++p) {
+        EXPECT_TRUE(close(grads[2][k][p], 2 * grads[1][k][p]))
+            << "stage " << k / replicas << ", replica " << k % replicas << ", parameter " << p;
+      }
+    }
+  }
 }
 
 TEST(DistributedPipelineTest, Checkpointing) {

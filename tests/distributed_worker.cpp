@@ -6,6 +6,7 @@
 //            [--fail-rank R --fail-mode throw|kill|hang|stop|mismatch|kill-connected]
 //            [--fail-attempts K] [--rendezvous-timeout-ms T] [--absent-from R] [--trace 1]
 //            [--steps N] [--schedule-file F] [--skips 1] [--receive-window W]
+//            [--loss-reduction mean|sum]
 //
 // Trains one step (or N on the same batch, gradients adding up) of the model of
 // distributed_model.h (W x V stages of even layers) and writes DIR/loss_rank<r>.pt and
@@ -24,7 +25,8 @@
 // --schedule-file F, the ranks run the schedule of file F (schedule_file.h), whose stages the model
 // is cut into. With
 // --skips 1, the model has its skip connections across stages. --receive-window W sets
-// PipelineStageOptions::receive_window (default 0: automatic).
+// PipelineStageOptions::receive_window (default 0: automatic); --loss-reduction its
+// loss_reduction (default mean).
 //
 // Training recipes, with --optimizer-steps N: N steps of SGD (lr 0.1) on pipe.parameters(), each
 // zeroing the gradients, stepping, clipping by the global norm with --clip X (X > 0), and, with
@@ -163,7 +165,7 @@ int main(int argc, char** argv) {
   int64_t stages_per_worker = 1, chunks = 4, timeout_ms = 60000, fail_rank = -1, replicas = 1;
   int64_t rendezvous_timeout_ms = 60000, absent_from = -1, trace = 0, fail_attempts = -1;
   int64_t steps = 1, skips = 0, tied = 0, scaler = 0, perturb_tie = 0, receive_window = 0;
-  std::string precision = "fp64";
+  std::string precision = "fp64", loss_reduction = "mean";
   Recipe recipe;
   for (int k = 1; k + 1 < argc; k += 2) {
     const std::string flag = argv[k];
@@ -220,6 +222,8 @@ int main(int argc, char** argv) {
       perturb_tie = std::stoll(value);
     else if (flag == "--receive-window")
       receive_window = std::stoll(value);
+    else if (flag == "--loss-reduction")
+      loss_reduction = value;
   }
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const bool failing_attempt =
@@ -272,6 +276,8 @@ int main(int argc, char** argv) {
             .data_parallel(replicas)
             .timeout(std::chrono::milliseconds(timeout_ms))
             .receive_window(receive_window)
+            .loss_reduction(loss_reduction == "sum" ? gpipe::schedule::LossReduction::kSum
+                                                    : gpipe::schedule::LossReduction::kMean)
             .rendezvous_timeout(std::chrono::milliseconds(rendezvous_timeout_ms))
             .tracer(trace != 0 ? std::make_shared<gpipe::trace::Tracer>() : nullptr)
             .grad_scaler(

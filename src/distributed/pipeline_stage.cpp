@@ -294,9 +294,16 @@ schedule::Evaluation PipelineStage::run(const Batch& input, const Batch* target,
       outputs.assign(M, Batch(at::Tensor()));
       inputs.outputs = &outputs;
     }
-    // The step's own gradients are summed over ties and unscaled (set_aside_gradients.h).
+    // The step's own gradients are unscaled, averaged over replicas and summed over ties
+    // (set_aside_gradients.h): every parameter's under a scaler or with replicas, else only the
+    // tied ones', so that the others accumulate in place rather than hold a second gradient
+    // through the step.
     std::optional<detail::SetAsideGradients> accumulated;
-    if (training && (scaler || parameters_->has_tied())) accumulated.emplace(parameters_->local());
+    if (training && (scaler || replicas_)) {
+      accumulated.emplace(parameters_->local());
+    } else if (training && parameters_->has_tied()) {
+      accumulated.emplace(parameters_->tied());
+    }
     // The loss travels as (value, dtype) in double precision.
     at::Tensor message = at::empty({2}, at::kDouble);
     if (target != nullptr && rank() != last_rank) {

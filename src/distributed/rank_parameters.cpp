@@ -59,6 +59,14 @@ RankParameters::RankParameters(const ProcessGroup& world,
   if (pipeline.size() > 1) pipeline_ = new_group(world, pipeline, name + "/pipeline", timeout);
 }
 
+std::vector<at::Tensor> RankParameters::tied() const {
+  std::vector<at::Tensor> tensors;
+  for (const auto& tie : ties_) {
+    for (const size_t k : tie.parameters) tensors.push_back(parameters_[k].tensor);
+  }
+  return tensors;
+}
+
 std::string RankParameters::differing_tied_copies() {
   for (const Tie& tie : ties_) {
     std::vector<at::Tensor> values;

@@ -44,6 +44,8 @@ class RankParameters {
 
   /// True if some parameter of this rank is tied across ranks.
   bool has_tied() const { return !ties_.empty(); }
+  /// This rank's parameters tied across ranks, each once.
+  std::vector<at::Tensor> tied() const;
   /// True if any parameter of the model is tied across ranks (the same on every rank).
   bool model_has_ties_across_ranks() const { return model_has_ties_across_ranks_; }
 
