@@ -7,6 +7,7 @@
 
 #include "gpipe/distributed/c10d_transport.h"
 #include "gpipe/distributed/pipeline_stage.h"
+#include "gpipe/memory.h"
 
 #include <chrono>
 #include <csignal>
@@ -355,6 +356,41 @@ TEST(DistributedTransportTest, TransportsOverOneGroupKeepTheirMessagesApart) {
   for (const auto& error : errors) {
     if (error) std::rethrow_exception(error);
   }
+}
+
+// A sent activation's message (a packed copy of it) goes once its gradient comes back, not at
+// the end of the step: in the second step (the first teaches the edges their sizes, so that the
+// batches then travel packed, as one message each), after the gradients of 4 activations of
+// 1 MiB came back, the sender holds none of their messages, though it has not flushed.
+TEST(DistributedTransportTest, AnActivationsMessageGoesWhenItsGradientComesBack) {
+  memory::install_tracking_cpu_allocator();
+  constexpr int64_t kMicroBatches = 4;
+  const at::Tensor activation = torch::ones({256, 1024});  // 1 MiB
+  int64_t held = -1;
+  run_ranks([&](int64_t rank, C10dTransport& transport) {
+    for (int step = 0; step < 2; ++step) {
+      transport.begin_step();
+      if (rank == 1) {
+        transport.expect(0, 1, kMicroBatches);
+        for (int64_t i = 0; i < kMicroBatches; ++i) {
+          transport.send(Batch(transport.recv(0, 1, i).tensor() * 2), 1, 0, i);
+        }
+        transport.flush();
+        continue;
+      }
+      transport.expect(1, 0, kMicroBatches);
+      const memory::ScopedWorkerTag tag(memory::kMaxTags - 1);
+      const int64_t before = memory::cpu_worker_current_bytes(memory::kMaxTags - 1);
+      for (int64_t i = 0; i < kMicroBatches; ++i) transport.send(Batch(activation), 0, 1, i);
+      for (int64_t i = 0; i < kMicroBatches; ++i) {
+        EXPECT_TRUE(testing::bitwise_equal(transport.recv(1, 0, i).tensor(), activation * 2));
+      }
+      held = memory::cpu_worker_current_bytes(memory::kMaxTags - 1) - before;
+      transport.flush();
+    }
+  });
+  // Held at most: the receives posted for the gradients, none larger than one message.
+  EXPECT_LT(held, kMicroBatches * static_cast<int64_t>(activation.nbytes())) << held;
 }
 
 // The tags of 1024 transports of up to 1022 stages fit in a Gloo tag; more are refused.

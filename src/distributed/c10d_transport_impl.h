@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -88,6 +89,8 @@ class C10dTransport::Impl {
     c10::intrusive_ptr<c10d::Work> work;
     int64_t peer;
     What what;
+    // For an activation's messages, its edge and micro-batch: (from, to, lane, tag).
+    std::optional<std::tuple<int64_t, int64_t, schedule::Lane, int64_t>> activation;
   };
 
   TransportEdge& edge(int64_t from_stage, int64_t to_stage, schedule::Lane lane);
@@ -117,6 +120,12 @@ class C10dTransport::Impl {
   // Waits for `work`, abortable by the watcher. On failure records and throws; `what` and
   // `peer` describe what was awaited.
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const What& what, int64_t peer);
+  // Drops the sends of the activation of micro-batch `tag` from `from_stage` to `to_stage`,
+  // waiting for each (at once: its gradient came back, so it was received). A send holds its
+  // message - a one-message batch is a packed copy - until then: Gloo tells a send's completion
+  // only to a wait, and a rank would otherwise hold every message of a step until flush().
+  void release_activation_sends(int64_t from_stage, int64_t to_stage, schedule::Lane lane,
+                                int64_t tag);
   // Posts a send or receive; if Gloo refuses (a closed connection), the peer failed.
   c10::intrusive_ptr<c10d::Work> post(const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                                       const What& what, int64_t peer);

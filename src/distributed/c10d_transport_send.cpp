@@ -57,11 +57,13 @@ void C10dTransport::Impl::send(Batch batch, int64_t from_stage, int64_t to_stage
   const bool one_message =
       layout.bytes <= e.posted_capacity(static_cast<int64_t>(e.step_max.size()));
   e.record(layout.bytes);
+  std::optional<std::tuple<int64_t, int64_t, schedule::Lane, int64_t>> activation;
+  if (kind == kActivation) activation.emplace(from_stage, to_stage, lane, tag);
   const auto send = [&](at::Tensor message, int on_tag) {
     std::vector<at::Tensor> tensors{std::move(message)};
     ++messages_sent_;
     sends_.push_back({post([&] { return wire.send(tensors, peer, on_tag); }, what, peer), peer,
-                      what});
+                      what, activation});
   };
   if (one_message) {
     const auto copying = Clock::now();
@@ -86,8 +88,24 @@ void C10dTransport::Impl::send_to_rank(at::Tensor value, int64_t to_rank) {
   Backend& wire = backend(value.device(), tag);
   sends_.push_back(
       {post([&] { return wire.send(tensors, static_cast<int>(to_rank), tag); }, what, to_rank),
-       to_rank, what});
+       to_rank, what, std::nullopt});
   communication_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void C10dTransport::Impl::release_activation_sends(int64_t from_stage, int64_t to_stage,
+                                                   schedule::Lane lane, int64_t tag) {
+  const auto activation = std::make_tuple(from_stage, to_stage, lane, tag);
+  size_t kept = 0;
+  for (size_t k = 0; k < sends_.size(); ++k) {
+    Send& send = sends_[k];
+    if (send.activation == activation) {
+      wait(send.work, [&send] { return "the receipt of " + send.what(); }, send.peer);
+      continue;
+    }
+    if (kept != k) sends_[kept] = std::move(send);
+    ++kept;
+  }
+  sends_.resize(kept);
 }
 
 void C10dTransport::Impl::flush() {
