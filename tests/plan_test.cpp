@@ -7,6 +7,7 @@
 #include "gpipe/plan.h"
 #include "gpipe/schedule/runtime.h"
 #include "models/unet.h"
+#include "plan/stage_memory.h"
 
 #include <torch/torch.h>
 
@@ -248,6 +249,33 @@ struct BlockImpl : torch::nn::Module {
   torch::nn::Linear first, second;
 };
 TORCH_MODULE(Block);
+
+// Between ranks, a stage also holds copies of what crosses: its input per micro-batch it holds,
+// the messages of its outputs until their gradients come back, and of the gradients it sent
+// until the step ends; within a process none of them.
+TEST(PlanTest, RanksHoldCopiesOfWhatCrossesBetweenThem) {
+  std::vector<plan_detail::LayerCosts> layers(3);
+  for (int64_t k = 0; k < 3; ++k) {
+    layers[k].activation_bytes = 1000;
+    layers[k].input_bytes = 100 * (k + 1);  // 100, 200, 300
+  }
+  const std::vector<int64_t> first{0, 1, 2, 3};  // a layer per stage
+  schedule::HeldMicrobatches moment;
+  moment.live = 3;
+  moment.sent_upstream = 2;
+  moment.unreturned = 1;
+  for (const auto& [from_rank, to_rank] : std::vector<std::pair<bool, bool>>{
+           {false, false}, {true, false}, {false, true}, {true, true}}) {
+    plan_detail::StageMemory memory = plan_detail::stage_memory(layers, {}, first, 1, 2.0);
+    const int64_t within = memory.held(moment, CheckpointMode::kNever);
+    memory.between_ranks(from_rank, to_rank);
+    // Its input (200 bytes) per micro-batch held and per gradient sent; its output (300) per
+    // output unreturned.
+    EXPECT_EQ(memory.held(moment, CheckpointMode::kNever) - within,
+              (from_rank ? 3 * 200 + 2 * 200 : 0) + (to_rank ? 1 * 300 : 0))
+        << from_rank << " " << to_rank;
+  }
+}
 
 TEST(PlanTest, PredictedActivationsPerWorkerAreWhatAStepHolds) {
   expect_predicted_activations(mlp(4, 64), 1, /*close=*/true);

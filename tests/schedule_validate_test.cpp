@@ -111,16 +111,28 @@ TEST(ScheduleValidateTest, HeldMicrobatchesAtEveryMomentMemoryCanPeak) {
     worker0.push_back(moment[0]);
   }
   using Starting = HeldMicrobatches::Starting;
+  // The last count: outputs whose gradient the next stage has not computed. It falls as stage
+  // 1's backwards, each a round ahead of stage 0's, return them.
   std::vector<HeldMicrobatches> expected{
-      {0, 0, Starting::kForward},  {1, 0, Starting::kForward},  {2, 0, Starting::kForward},
-      {1, 0, Starting::kNothing},  {2, 0, Starting::kNothing},  {3, 0, Starting::kNothing},
-      {1, 0, Starting::kBackward}, {2, 0, Starting::kBackward}, {3, 0, Starting::kBackward}};
+      {0, 0, Starting::kForward, 0, 0, 0, 0},  {1, 0, Starting::kForward, 0, 0, 0, 1},
+      {2, 0, Starting::kForward, 0, 0, 0, 2},  {1, 0, Starting::kNothing, 0, 0, 0, 1},
+      {2, 0, Starting::kNothing, 0, 0, 0, 2},  {3, 0, Starting::kNothing, 0, 0, 0, 3},
+      {3, 0, Starting::kBackward, 0, 0, 0, 2}, {2, 0, Starting::kBackward, 0, 0, 0, 1},
+      {1, 0, Starting::kBackward, 0, 0, 0, 0}};
   std::sort(worker0.begin(), worker0.end());
   std::sort(expected.begin(), expected.end());
   ASSERT_EQ(worker0.size(), expected.size());
   for (size_t k = 0; k < expected.size(); ++k) {
     EXPECT_FALSE(worker0[k] < expected[k] || expected[k] < worker0[k]) << k;
   }
+  // The last stage's gradients sent upstream so far, as each of its backwards starts.
+  std::vector<int64_t> sent;
+  for (const auto& moment : gpipe.held_microbatches[1]) {
+    if (moment[0].starting == Starting::kBackward) sent.push_back(moment[0].sent_upstream);
+    EXPECT_EQ(moment[0].unreturned, 0);  // no next stage
+  }
+  std::sort(sent.begin(), sent.end());
+  EXPECT_EQ(sent, (std::vector<int64_t>{0, 1, 2}));
   // Under a split backward, and with stages sharing a worker, the counts of each stage are
   // among them, up to the peaks; at most one stage starts an action at a moment.
   for (const Schedule& schedule : {zb1p_schedule(3, 6), zbv_schedule(2, 4), v_min_schedule(2, 6),
@@ -147,6 +159,13 @@ TEST(ScheduleValidateTest, HeldMicrobatchesAtEveryMomentMemoryCanPeak) {
           EXPECT_GE(moment[j].downstream, 0);
           EXPECT_LE(moment[j].downstream,
                     splits_backward(schedule) ? schedule.num_microbatches : 0);
+          // What crosses between ranks: gradients sent by all but the first stage, outputs
+          // sent by all but the last.
+          EXPECT_GE(moment[j].sent_upstream, 0);
+          EXPECT_LE(moment[j].sent_upstream, stages[j] == 0 ? 0 : schedule.num_microbatches);
+          EXPECT_GE(moment[j].unreturned, 0);
+          EXPECT_LE(moment[j].unreturned,
+                    stages[j] + 1 == schedule.num_stages ? 0 : schedule.num_microbatches);
         }
         EXPECT_LE(starting, 1) << "worker " << w;
       }

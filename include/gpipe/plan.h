@@ -95,6 +95,13 @@ struct PlanOptions {
   /// momentum, 4 for Adam. Default: 2.0.
   TORCH_ARG(double, param_scale) = 2.0;
 
+  /// Whether the workers are ranks (processes, distributed::PipelineStage) rather than threads of
+  /// one process. Between ranks what crosses is copied: a rank keeps its own copy of each input
+  /// from another rank while its stage holds it, the message of each output it sent until the
+  /// gradient comes back, and the message of each input gradient it sent until the step ends.
+  /// Default: false.
+  TORCH_ARG(bool, ranks) = false;
+
   /// The link between two workers, as predict() models it: seconds from a send to its receive
   /// plus seconds per byte. Default: 0 and 0, the threads of one process.
   TORCH_ARG(double, latency) = 0;

@@ -27,7 +27,9 @@ int64_t StageMemory::held(const schedule::HeldMicrobatches& moment,
       starting = weight_transient;
       break;
   }
-  const int64_t passed = moment.upstream * upstream + moment.downstream * downstream;
+  const int64_t passed = moment.upstream * upstream + moment.downstream * downstream +
+                         moment.live * received_input + moment.unreturned * sent_output +
+                         moment.sent_upstream * sent_gradient;
   switch (checkpoint) {
     case CheckpointMode::kNever:
       // Each micro-batch forwarded holds its activations, one past its input half what that
@@ -46,6 +48,14 @@ int64_t StageMemory::held(const schedule::HeldMicrobatches& moment,
 int64_t StageMemory::lagging(const schedule::HeldMicrobatches& moment) const {
   return std::max(upstream_crosses && moment.upstream == 0 ? upstream : 0,
                   downstream_crosses && moment.downstream == 0 ? downstream : 0);
+}
+
+void StageMemory::between_ranks(bool from_rank, bool to_rank) {
+  // Within a process, a stage's input is the tensor the stage before made, counted there; an
+  // input gradient is counted where it is made until used (`upstream`).
+  received_input = from_rank ? input_bytes : 0;
+  sent_gradient = from_rank ? input_bytes : 0;
+  sent_output = to_rank ? output_bytes : 0;
 }
 
 StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts& loss,
@@ -101,6 +111,8 @@ StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts
   memory.weight_transient = s > 0 ? weight_half_peak : whole;
   memory.pending = s == 0 ? 0 : std::max(pending, -memory.activations);
   memory.kept = layers[first[s]].input_bytes;
+  memory.input_bytes = s > 0 ? layers[first[s]].input_bytes : 0;
+  memory.output_bytes = s + 1 < S ? layers[first[s + 1]].input_bytes : 0;
   memory.upstream = upstream;
   // What this stage sent the next stays until the next one's weight half, which may come after
   // this stage's own; and so do the skips it stashed for later stages, which hold them as long.

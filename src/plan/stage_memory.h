@@ -22,9 +22,18 @@ struct StageMemory {
   int64_t upstream = 0;    ///< a micro-batch's gradients on their way to the stage before
   int64_t downstream = 0;  ///< a micro-batch's output and skips, while later stages hold them
   int64_t fixed = 0;       ///< parameters, and gradients on their way further up
+  int64_t input_bytes = 0, output_bytes = 0;  ///< a micro-batch's: its edges' messages
   /// The stage before, the stage after (under a split backward) runs on another worker, which
   /// may use what this stage sent it later than simulated.
   bool upstream_crosses = false, downstream_crosses = false;
+  /// Between ranks, what crosses is copied (PlanOptions::ranks): per micro-batch, the stage's
+  /// own copy of its input while it lives here; the message of an output sent, until its
+  /// gradient comes back; the message of an input gradient sent, until the step ends.
+  int64_t received_input = 0, sent_output = 0, sent_gradient = 0;
+
+  /// Counts those copies: the stage before (`from_rank`), the stage after (`to_rank`) is on
+  /// another rank.
+  void between_ranks(bool from_rank, bool to_rank);
 
   /// What the stage holds at `moment` under `checkpoint`.
   int64_t held(const schedule::HeldMicrobatches& moment, CheckpointMode checkpoint) const;

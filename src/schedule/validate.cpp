@@ -43,6 +43,8 @@ class Simulation {
         peak_awaiting_(S_, 0),
         upstream_(S_, 0),
         downstream_(S_, 0),
+        sent_upstream_(S_, 0),
+        unreturned_(S_, 0),
         stages_of_(schedule.num_workers),
         held_(schedule.num_workers) {
     for (const auto s : c10::irange(S_)) {
@@ -74,7 +76,7 @@ class Simulation {
     for (const int64_t s : stages_of_[w]) {
       moment.push_back({live_[s], awaiting_[s],
                         s == stage ? starting : HeldMicrobatches::Starting::kNothing, upstream_[s],
-                        downstream_[s]});
+                        downstream_[s], sent_upstream_[s], unreturned_[s]});
     }
     held_[w].insert(std::move(moment));
   }
@@ -103,8 +105,9 @@ class Simulation {
   // Per stage: micro-batches forwarded and not yet weighted, now and at most; of them, those
   // past their BackwardInput, now and at most.
   std::vector<int64_t> live_, peak_live_, awaiting_, peak_awaiting_;
-  // Per stage: what HeldMicrobatches::upstream and downstream count, now.
-  std::vector<int64_t> upstream_, downstream_;
+  // Per stage: what HeldMicrobatches::upstream, downstream, sent_upstream and unreturned count,
+  // now.
+  std::vector<int64_t> upstream_, downstream_, sent_upstream_, unreturned_;
   // Per worker: its stages, in increasing order; what they held as each compute action of one
   // started, and after each Forward and BackwardInput of one.
   std::vector<std::vector<int64_t>> stages_of_;
@@ -160,6 +163,7 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
       if (!forward_only_) {
         hold(w, s, HeldMicrobatches::Starting::kForward);
         peak_live_[s] = std::max(peak_live_[s], ++live_[s]);
+        if (s + 1 < S_) ++unreturned_[s];
         hold(w);
       }
       return Step::kRan;
@@ -176,7 +180,11 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
       hold(w, s,
            a.kind == ActionKind::kBackward ? HeldMicrobatches::Starting::kBackward
                                            : HeldMicrobatches::Starting::kBackwardInput);
-      if (s > 0) ++upstream_[s];
+      if (s > 0) {
+        ++upstream_[s];
+        ++sent_upstream_[s];
+        --unreturned_[s - 1];
+      }
       // The gradient from the next stage is used, but by the first stage's weight half.
       if (s + 1 < S_ && (a.kind == ActionKind::kBackward || s > 0)) --upstream_[s + 1];
       if (a.kind == ActionKind::kBackward) {

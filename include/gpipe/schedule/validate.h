@@ -52,10 +52,17 @@ struct HeldMicrobatches {
   /// Past this stage's weight gradient, their outputs still held by the next stage, whose weight
   /// gradient of them is not computed yet (only where backwards are split).
   int64_t downstream = 0;
+  /// What crosses between ranks stays longer (plan.h's PlanOptions::ranks): in this step, input
+  /// gradients this stage computed (its Backward or BackwardInput ran), and outputs it computed
+  /// whose gradient the next stage has not (its Forward ran, the next stage's Backward or
+  /// BackwardInput not).
+  int64_t sent_upstream = 0;
+  int64_t unreturned = 0;
 
   bool operator<(const HeldMicrobatches& other) const {
-    return std::tie(live, awaiting, starting, upstream, downstream) <
-           std::tie(other.live, other.awaiting, other.starting, other.upstream, other.downstream);
+    return std::tie(live, awaiting, starting, upstream, downstream, sent_upstream, unreturned) <
+           std::tie(other.live, other.awaiting, other.starting, other.upstream, other.downstream,
+                    other.sent_upstream, other.unreturned);
   }
 };
 
