@@ -6,15 +6,24 @@
 // for each configuration the predicted step time and peak memory per worker against measured.
 //
 // Memory per worker, measured: its layers' weights and gradients (what param_scale 2 counts)
-// plus, for each of its stages, the highest bytes the stage's actions allocated above what it
-// held before the step (the tracking allocator's tag per stage, gpipe/memory.h), the stages'
-// peaks added as the planner adds them.
+// plus the highest bytes the worker's thread allocated in a step above what it held before (the
+// tracking allocator's tag per worker, gpipe/memory.h).
+//
+// On ranks: run under a launcher (`gpipe launch -n 2 -- plan_sweep ...`, torchrun), one worker
+// per rank (--workers is the world size). Rank 0 plans, as `gpipe train --plan` does, on worker
+// threads of its own process; every rank then trains each configuration through a
+// distributed::PipelineStage over Gloo. A step's time is the slowest rank's, from a barrier; a
+// rank's memory is its process's allocations above what it held before the step (a receive
+// posted in the step before for this one is left out). Only rank 0 prints and writes the report;
+// the predictions from the actions' own durations are left out (each rank traces its own).
 //
 // --cap tight: the cap is 80% of what the leanest 1F1B without checkpointing needs, so that the
 // planner must checkpoint or choose a schedule that holds less (V-Min, V-Half).
 #include "common/bench_util.h"
 #include "common/speed.h"
+#include "plan-sweep/ranks.h"
 
+#include "gpipe/distributed/pipeline_stage.h"
 #include "gpipe/memory.h"
 #include "gpipe/plan.h"
 #include "gpipe/schedule/predict.h"
@@ -87,7 +96,8 @@ Workload make_workload(const std::string& model, int64_t batch) {
 struct Run {
   gpipe::Plan plan;
   std::shared_ptr<gpipe::trace::Tracer> tracer = std::make_shared<gpipe::trace::Tracer>();
-  std::unique_ptr<gs::PipelineSchedule> pipe;
+  std::unique_ptr<gs::PipelineSchedule> pipe;                // on threads
+  std::unique_ptr<gpipe::distributed::PipelineStage> stage;  // on ranks
   std::vector<double> seconds;
   std::vector<int64_t> peak_bytes;  // per worker, measured
 };
@@ -115,9 +125,17 @@ std::vector<int64_t> parameter_bytes_per_worker(const torch::nn::Sequential& mod
 
 // One step's peak per worker: gradients kept (zeroed, not freed), so that only the step's own
 // allocations - activations, messages, recomputation - count above the parameters.
-std::vector<int64_t> measure_peak_bytes(Run& run, const Workload& w, int64_t workers) {
+std::vector<int64_t> measure_peak_bytes(Run& run, const Workload& w, int64_t workers,
+                                        gpipe::bench::Ranks* ranks) {
   for (auto& p : w.model->parameters()) {
     if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  if (ranks) {
+    const int64_t before = gpipe::memory::cpu_current_bytes();
+    gpipe::memory::reset_cpu_peak();
+    run.stage->step(w.input, w.target);
+    return ranks->gather(parameter_bytes_per_worker(w.model, run.plan, workers)[ranks->rank()] +
+                         gpipe::memory::cpu_peak_bytes() - before);
   }
   std::vector<int64_t> before(workers);
   for (int64_t k = 0; k < workers; ++k) before[k] = gpipe::memory::cpu_worker_current_bytes(k);
@@ -178,17 +196,24 @@ int main(int argc, char** argv) {
       "to fit: each configuration trained on worker threads, round by round, side by side.",
       5,
       {{"--model", &model, "gpt (the char GPT of gpipe train), resnet101 or unet"},
-       {"--workers", &workers_flag, "worker threads, one intra-op thread each"},
+       {"--workers", &workers_flag,
+        "worker threads, one intra-op thread each (under a launcher: one per rank)"},
        {"--batch", &batch_flag, "samples per step"},
        {"--cap", &cap_flag,
         "none, tight (80% of the leanest 1F1B without checkpointing) or MiB per worker"},
        {"--plan-loss", &loss_flag,
         "model (plan with the loss the sweep trains with) or none (plan without a loss)"}});
-  const int64_t workers = std::stoll(workers_flag);
   const int64_t batch = std::stoll(batch_flag);
   at::set_num_threads(1);
   bench::set_blas_threads(1);
   gpipe::memory::install_tracking_cpu_allocator();
+  std::unique_ptr<bench::Ranks> ranks;
+  if (std::getenv("WORLD_SIZE")) {
+    ranks = std::make_unique<bench::Ranks>();
+    // Only rank 0 reports.
+    if (ranks->rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;
+  }
+  const int64_t workers = ranks ? ranks->size() : std::stoll(workers_flag);
   Workload w = make_workload(model, batch);
 
   TORCH_CHECK_VALUE(loss_flag == "model" || loss_flag == "none",
@@ -198,53 +223,80 @@ int main(int argc, char** argv) {
                                : gpipe::plan(w.model, gpipe::Batch(w.input), gpipe::Batch(w.target),
                                              w.loss, options);
   };
-  gpipe::PlanOptions options(workers);
-  options.param_scale(2.0);  // weights and gradients: what measure_peak_bytes counts
-  int64_t cap = 0;
+  gpipe::PlanReport report;
   double planning_seconds = 0;
-  if (cap_flag == "tight") {
-    // Plan once without a cap to find what 1F1B needs at its leanest.
-    const gpipe::PlanReport free = plan(options);
-    planning_seconds += free.profile_seconds + free.search_seconds;
-    cap = static_cast<int64_t>(0.8 * static_cast<double>(leanest_one_f_one_b(free)));
-  } else if (cap_flag != "none") {
-    cap = static_cast<int64_t>(std::stod(cap_flag) * (1 << 20));
-  }
-  options.memory_cap(cap);
-  const gpipe::PlanReport report = plan(options);
-  planning_seconds += report.profile_seconds + report.search_seconds;
-  std::printf("%s, %lld worker threads x 1 intra-op thread%s\n", w.name.c_str(),
-              static_cast<long long>(workers),
-              cap ? (", cap " + bench::fixed(bench::mib(cap), 1) + " MiB a worker").c_str() : "");
-  std::printf(
-      "planned %s in %.2f s (profile %.2f s, search %.3f s): %zu plans fit, %zu ruled out\n",
-      loss_flag == "none" ? "without the loss" : "with the loss", planning_seconds,
-      report.profile_seconds, report.search_seconds, report.plans.size(), report.rejected.size());
-  for (const auto& c : report.calibration) {
-    std::printf("calibrated at %lld micro-batches: forward x%.2f, backward x%.2f\n",
-                static_cast<long long>(c.microbatches), c.forward, c.backward);
-  }
-  if (report.plans.empty()) {
+  int64_t cap = 0;
+  // Rank 0 plans for every rank.
+  const auto plan_here = [&] {
+    gpipe::PlanOptions options(workers);
+    options.param_scale(2.0);  // weights and gradients: what measure_peak_bytes counts
+    options.ranks(ranks != nullptr);
+    if (cap_flag == "tight") {
+      // Plan once without a cap to find what 1F1B needs at its leanest.
+      const gpipe::PlanReport free = plan(options);
+      planning_seconds += free.profile_seconds + free.search_seconds;
+      cap = static_cast<int64_t>(0.8 * static_cast<double>(leanest_one_f_one_b(free)));
+    } else if (cap_flag != "none") {
+      cap = static_cast<int64_t>(std::stod(cap_flag) * (1 << 20));
+    }
+    options.memory_cap(cap);
+    report = plan(options);
+    planning_seconds += report.profile_seconds + report.search_seconds;
+    std::printf("%s, %lld %s x 1 intra-op thread%s\n", w.name.c_str(),
+                static_cast<long long>(workers),
+                ranks ? "ranks (planned as worker threads of rank 0)" : "worker threads",
+                cap ? (", cap " + bench::fixed(bench::mib(cap), 1) + " MiB a worker").c_str() : "");
+    std::printf(
+        "planned %s in %.2f s (profile %.2f s, search %.3f s): %zu plans fit, %zu ruled out\n",
+        loss_flag == "none" ? "without the loss" : "with the loss", planning_seconds,
+        report.profile_seconds, report.search_seconds, report.plans.size(), report.rejected.size());
+    for (const auto& c : report.calibration) {
+      std::printf("calibrated at %lld micro-batches: forward x%.2f, backward x%.2f\n",
+                  static_cast<long long>(c.microbatches), c.forward, c.backward);
+    }
+    return report.plans;
+  };
+  const std::vector<gpipe::Plan> plans = ranks ? ranks->share(plan_here) : plan_here();
+  if (ranks) cap = ranks->gather(cap)[0];
+  if (plans.empty()) {
     std::printf("no plan fits\n");
     return 1;
   }
 
   std::vector<Run> runs;
-  for (const auto& p : report.plans) {
+  for (const auto& p : plans) {
     Run run{p};
-    run.pipe = std::make_unique<gs::PipelineSchedule>(w.model, p.balance, w.loss,
-                                                      gs::PipelineScheduleOptions(p.microbatches)
-                                                          .schedule(p.schedule)
-                                                          .stages_per_worker(p.stages_per_worker)
-                                                          .checkpoint(p.checkpoint)
-                                                          .intra_op_threads(1)
-                                                          .tracer(run.tracer));
+    if (ranks) {
+      // Every rank builds them in the same order. Dozens of transports look for failures in the
+      // store: each once a second rather than 20 times, to leave the cores to the steps.
+      run.stage = std::make_unique<gpipe::distributed::PipelineStage>(
+          ranks->group(), w.model, p.balance, w.loss,
+          gpipe::distributed::PipelineStageOptions(p.microbatches)
+              .schedule(p.schedule)
+              .stages_per_worker(p.stages_per_worker)
+              .checkpoint(p.checkpoint)
+              .device(torch::kCPU)
+              .poll_interval(std::chrono::seconds(1)));
+    } else {
+      run.pipe = std::make_unique<gs::PipelineSchedule>(w.model, p.balance, w.loss,
+                                                        gs::PipelineScheduleOptions(p.microbatches)
+                                                            .schedule(p.schedule)
+                                                            .stages_per_worker(p.stages_per_worker)
+                                                            .checkpoint(p.checkpoint)
+                                                            .intra_op_threads(1)
+                                                            .tracer(run.tracer));
+    }
     runs.push_back(std::move(run));
   }
   const auto step = [&](Run& run) {
     w.model->zero_grad();
+    if (ranks) ranks->barrier();
     const auto start = std::chrono::steady_clock::now();
-    run.pipe->step(w.input, w.target);
+    if (ranks) {
+      run.stage->step(w.input, w.target);
+    } else {
+      run.pipe->step(w.input, w.target);
+    }
     return bench::seconds_since(start);
   };
   // Each contender's step times over `rounds` rounds, one step each a round, the first one
@@ -257,12 +309,15 @@ int main(int argc, char** argv) {
         seconds[c].push_back(step(*contenders[c]));
       }
     }
+    if (ranks) {
+      for (auto& s : seconds) s = ranks->max(s);  // each step as long as its slowest rank's
+    }
     return seconds;
   };
   std::vector<Run*> all;
   for (auto& run : runs) {
     step(run);  // warm up: the schedule, the gradients
-    run.peak_bytes = measure_peak_bytes(run, w, workers);
+    run.peak_bytes = measure_peak_bytes(run, w, workers, ranks.get());
     run.tracer->clear();
     all.push_back(&run);
   }
@@ -302,6 +357,7 @@ int main(int argc, char** argv) {
   }
   const double rematch = bench::median(again[chosen_again]) / bench::median(again[fastest_again]);
 
+  if (ranks && ranks->rank() != 0) return 0;  // the others know rank 0's plans by family only
   bench::Table table({"#", "schedule", "stages", "micro", "checkpoint", "balance", "predicted ms",
                       "measured ms (min med max)", "error", "from trace", "predicted MiB",
                       "measured MiB", "error"});
@@ -316,10 +372,11 @@ int main(int argc, char** argv) {
     // The same schedule predicted from the actions' durations in its own steps: what is left
     // between this and the measured step is the simulation's; the rest is the profile's.
     const double from_trace =
-        gs::predict(
-            run.pipe->schedule(p.microbatches),
-            gs::costs_from_trace(run.tracer->events(), static_cast<int64_t>(p.balance.size())))
-            .step_time;
+        ranks ? std::nan("")
+              : gs::predict(run.pipe->schedule(p.microbatches),
+                            gs::costs_from_trace(run.tracer->events(),
+                                                 static_cast<int64_t>(p.balance.size())))
+                    .step_time;
     // Memory: the worker whose prediction is furthest off.
     double memory_error = 0;
     for (size_t v = 0; v < run.peak_bytes.size(); ++v) {
@@ -340,19 +397,20 @@ int main(int argc, char** argv) {
                bench::fixed(p.step_seconds * 1e3, 1),
                bench::fixed(*low * 1e3, 1) + " " + bench::fixed(measured * 1e3, 1) + " " +
                    bench::fixed(*high * 1e3, 1),
-               percent(time_error), percent(relative_error(from_trace, measured)),
+               percent(time_error), ranks ? "-" : percent(relative_error(from_trace, measured)),
                bench::fixed(bench::mib(p.largest_peak_bytes()), 1),
                bench::fixed(bench::mib(measured_peak), 1) + (fits(run) ? "" : " (over)"),
                percent(memory_error)});
-    rows.push_back({{"family", p.family()},
-                    {"balance", p.balance},
-                    {"predicted_ms", p.step_seconds * 1e3},
-                    {"measured_ms", measured * 1e3},
-                    {"measured_ms_min", *low * 1e3},
-                    {"measured_ms_max", *high * 1e3},
-                    {"predicted_from_trace_ms", from_trace * 1e3},
-                    {"predicted_peak_bytes", p.peak_bytes},
-                    {"measured_peak_bytes", run.peak_bytes}});
+    rows.push_back(
+        {{"family", p.family()},
+         {"balance", p.balance},
+         {"predicted_ms", p.step_seconds * 1e3},
+         {"measured_ms", measured * 1e3},
+         {"measured_ms_min", *low * 1e3},
+         {"measured_ms_max", *high * 1e3},
+         {"predicted_from_trace_ms", ranks ? nlohmann::json() : nlohmann::json(from_trace * 1e3)},
+         {"predicted_peak_bytes", p.peak_bytes},
+         {"measured_peak_bytes", run.peak_bytes}});
   }
   table.print();
   const double chosen = bench::median(runs.front().seconds);
@@ -380,6 +438,7 @@ int main(int argc, char** argv) {
   bench::write_json(
       args, {{"model", w.name},
              {"workers", workers},
+             {"engine", ranks ? "ranks" : "threads"},
              {"cap_bytes", cap},
              {"rounds", args.rounds},
              {"planning_seconds", planning_seconds},

@@ -50,7 +50,7 @@ struct ProcessGroup {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<Backend> group;  ///< Gloo, for CPU tensors
   /// How many transports (c10d_transport.h) have been made over this group, to give each its
-  /// own keys in the store.
+  /// own keys in the store and its own tags.
   std::shared_ptr<std::atomic<int64_t>> transports = std::make_shared<std::atomic<int64_t>>(0);
 
   int64_t rank() const { return environment.rank; }
