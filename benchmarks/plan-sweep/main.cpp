@@ -23,6 +23,7 @@
 #include "common/speed.h"
 #include "plan-sweep/ranks.h"
 
+#include "gpipe/cpu_malloc.h"
 #include "gpipe/distributed/pipeline_stage.h"
 #include "gpipe/memory.h"
 #include "gpipe/plan.h"
@@ -204,6 +205,7 @@ int main(int argc, char** argv) {
        {"--plan-loss", &loss_flag,
         "model (plan with the loss the sweep trains with) or none (plan without a loss)"}});
   const int64_t batch = std::stoll(batch_flag);
+  gpipe::memory::reuse_freed_cpu_memory();  // as gpipe train does (gpipe/cpu_malloc.h)
   at::set_num_threads(1);
   bench::set_blas_threads(1);
   gpipe::memory::install_tracking_cpu_allocator();
