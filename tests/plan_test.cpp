@@ -250,9 +250,9 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-// Between ranks, a stage also holds copies of what crosses: its input per micro-batch it holds,
-// the messages of its outputs until their gradients come back, and of the gradients it sent
-// until the step ends; within a process none of them.
+// Between ranks, a stage also holds copies of what crosses: its input per micro-batch it holds
+// (checkpointed, the input it keeps anyway), the messages of its outputs until their gradients
+// come back, and of the gradients it sent until the step ends; within a process none of them.
 TEST(PlanTest, RanksHoldCopiesOfWhatCrossesBetweenThem) {
   std::vector<plan_detail::LayerCosts> layers(3);
   for (int64_t k = 0; k < 3; ++k) {
@@ -266,14 +266,20 @@ TEST(PlanTest, RanksHoldCopiesOfWhatCrossesBetweenThem) {
   moment.unreturned = 1;
   for (const auto& [from_rank, to_rank] : std::vector<std::pair<bool, bool>>{
            {false, false}, {true, false}, {false, true}, {true, true}}) {
-    plan_detail::StageMemory memory = plan_detail::stage_memory(layers, {}, first, 1, 2.0);
-    const int64_t within = memory.held(moment, CheckpointMode::kNever);
-    memory.between_ranks(from_rank, to_rank);
-    // Its input (200 bytes) per micro-batch held and per gradient sent; its output (300) per
-    // output unreturned.
-    EXPECT_EQ(memory.held(moment, CheckpointMode::kNever) - within,
-              (from_rank ? 3 * 200 + 2 * 200 : 0) + (to_rank ? 1 * 300 : 0))
-        << from_rank << " " << to_rank;
+    for (const auto mode :
+         {CheckpointMode::kNever, CheckpointMode::kAlways, CheckpointMode::kExceptLast}) {
+      plan_detail::StageMemory memory = plan_detail::stage_memory(layers, {}, first, 1, 2.0);
+      const int64_t within = memory.held(moment, mode);
+      memory.between_ranks(from_rank, to_rank);
+      // Its input (200 bytes) per micro-batch held - checkpointed, the input it keeps is the
+      // copy - and per gradient sent; its output (300) per output unreturned.
+      // Checkpointed, its output (300) per micro-batch held too.
+      const bool checkpointed = mode != CheckpointMode::kNever;
+      EXPECT_EQ(memory.held(moment, mode) - within,
+                (from_rank ? (checkpointed ? 0 : 3 * 200) + 2 * 200 : 0) +
+                    (to_rank ? 1 * 300 + (checkpointed ? 3 * 300 : 0) : 0))
+          << from_rank << " " << to_rank << " " << mode;
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 #include "gpipe/plan.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 

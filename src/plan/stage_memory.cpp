@@ -28,19 +28,23 @@ int64_t StageMemory::held(const schedule::HeldMicrobatches& moment,
       break;
   }
   const int64_t passed = moment.upstream * upstream + moment.downstream * downstream +
-                         moment.live * received_input + moment.unreturned * sent_output +
-                         moment.sent_upstream * sent_gradient;
+                         moment.unreturned * sent_output + moment.sent_upstream * sent_gradient;
   switch (checkpoint) {
     case CheckpointMode::kNever:
       // Each micro-batch forwarded holds its activations, one past its input half what that
       // half left for the weight half too; an action that starts allocates more.
-      return moment.live * activations + moment.awaiting * pending + starting + passed;
+      // Between ranks each also holds its own copy of the input (checkpointed, it is what
+      // `kept` counts).
+      return moment.live * (activations + received_input) + moment.awaiting * pending + starting +
+             passed;
     case CheckpointMode::kAlways:
-      // Each holds its input; a backward that starts recomputes the activations.
-      return moment.live * kept + (backward ? activations : 0) + starting + passed;
+      // Each holds its input (and, between ranks, its output, which within a process is the
+      // next stage's input); a backward that starts recomputes the activations.
+      return moment.live * (kept + kept_output) + (backward ? activations : 0) + starting + passed;
     case CheckpointMode::kExceptLast:
       // And the last micro-batch keeps its activations whole.
-      return moment.live * kept + activations + (backward ? activations : 0) + starting + passed;
+      return moment.live * (kept + kept_output) + activations + (backward ? activations : 0) +
+             starting + passed;
   }
   return 0;
 }
@@ -56,6 +60,7 @@ void StageMemory::between_ranks(bool from_rank, bool to_rank) {
   received_input = from_rank ? input_bytes : 0;
   sent_gradient = from_rank ? input_bytes : 0;
   sent_output = to_rank ? output_bytes : 0;
+  kept_output = to_rank ? output_bytes : 0;
 }
 
 StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts& loss,

@@ -27,9 +27,13 @@ struct StageMemory {
   /// may use what this stage sent it later than simulated.
   bool upstream_crosses = false, downstream_crosses = false;
   /// Between ranks, what crosses is copied (PlanOptions::ranks): per micro-batch, the stage's
-  /// own copy of its input while it lives here; the message of an output sent, until its
-  /// gradient comes back; the message of an input gradient sent, until the step ends.
+  /// own copy of its input while it lives here (without checkpointing: with it, `kept`); the
+  /// message of an output sent, until its gradient comes back; the message of an input gradient
+  /// sent, until the step ends.
   int64_t received_input = 0, sent_output = 0, sent_gradient = 0;
+  /// Checkpointed, per micro-batch, the stage's output while it lives here: within a process the
+  /// next stage's input, which it keeps (`kept`); between ranks a tensor of its own.
+  int64_t kept_output = 0;
 
   /// Counts those copies: the stage before (`from_rank`), the stage after (`to_rank`) is on
   /// another rank.
