@@ -39,6 +39,9 @@
 //              micro-batch's more of either per moment, as if late. With checkpointing, each live
 //              micro-batch holds only the stage's input, plus its whole activations while its
 //              backward recomputes them (and the last micro-batch's, spared by kExceptLast).
+//              Between ranks (PlanOptions::ranks), copies of what crosses: a stage's input per
+//              micro-batch it holds, the message of each output sent until its gradient comes
+//              back, and of each input gradient sent until the step ends.
 //   balance    starts from the partition whose slowest stage is fastest (block_partition), and
 //              from the one whose largest stage is smallest, then moves one layer at a time
 //              across a cut while that lowers the predicted step time (or, over the cap, the

@@ -10,7 +10,9 @@
 // the receiver posted for it travels as one message, header and tensors' bytes together (received
 // tensors are views of that buffer); a larger one, such as the edge's first, as the header and
 // then one message per non-empty tensor on the edge's payload tag. Sends are asynchronous: their
-// work is kept until flush().
+// work, and with it the message (a one-message batch is a packed copy), is kept until flush(),
+// or, for an activation, until its gradient comes back, which proves it was received (Gloo tells
+// a send's completion only to a wait).
 //
 // Messages in flight (expect()): Gloo writes a send only once the receiver has posted its
 // receive, so a receive posted on demand costs a round trip before the batch moves, and the
