@@ -270,7 +270,8 @@ TEST(PlanTest, RanksHoldCopiesOfWhatCrossesBetweenThem) {
          {CheckpointMode::kNever, CheckpointMode::kAlways, CheckpointMode::kExceptLast}) {
       plan_detail::StageMemory memory = plan_detail::stage_memory(layers, {}, first, 1, 2.0);
       const int64_t within = memory.held(moment, mode);
-      memory.between_ranks(from_rank, to_rank);
+      memory.input_from_rank = from_rank;
+      memory.output_to_rank = to_rank;
       // Its input (200 bytes) per micro-batch held - checkpointed, the input it keeps is the
       // copy - and per gradient sent; its output (300) per output unreturned.
       // Checkpointed, its output (300) per micro-batch held too.

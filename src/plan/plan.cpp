@@ -137,9 +137,8 @@ class Family {
       stages.push_back(plan_detail::stage_memory(layers_, loss_, first, s, options_.param_scale()));
       stages.back().upstream_crosses = s > 0 && elsewhere(s - 1);
       stages.back().downstream_crosses = split && s + 1 < S && elsewhere(s + 1);
-      if (options_.ranks()) {
-        stages.back().between_ranks(s > 0 && elsewhere(s - 1), s + 1 < S && elsewhere(s + 1));
-      }
+      stages.back().input_from_rank = options_.ranks() && s > 0 && elsewhere(s - 1);
+      stages.back().output_to_rank = options_.ranks() && s + 1 < S && elsewhere(s + 1);
     }
     // A worker's stages hold at once what each holds at that moment of the schedule.
     for (const auto w : c10::irange(schedule_.num_workers)) {

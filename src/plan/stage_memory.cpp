@@ -27,23 +27,25 @@ int64_t StageMemory::held(const schedule::HeldMicrobatches& moment,
       starting = weight_transient;
       break;
   }
+  // Copies between ranks (input_from_rank, output_to_rank): of an input, of an output.
+  const int64_t input_copy = input_from_rank ? input_bytes : 0;
+  const int64_t output_copy = output_to_rank ? output_bytes : 0;
   const int64_t passed = moment.upstream * upstream + moment.downstream * downstream +
-                         moment.unreturned * sent_output + moment.sent_upstream * sent_gradient;
+                         moment.unreturned * output_copy + moment.sent_upstream * input_copy;
   switch (checkpoint) {
     case CheckpointMode::kNever:
       // Each micro-batch forwarded holds its activations, one past its input half what that
       // half left for the weight half too; an action that starts allocates more.
-      // Between ranks each also holds its own copy of the input (checkpointed, it is what
-      // `kept` counts).
-      return moment.live * (activations + received_input) + moment.awaiting * pending + starting +
+      // Between ranks each also holds its own copy of the input.
+      return moment.live * (activations + input_copy) + moment.awaiting * pending + starting +
              passed;
     case CheckpointMode::kAlways:
       // Each holds its input (and, between ranks, its output, which within a process is the
       // next stage's input); a backward that starts recomputes the activations.
-      return moment.live * (kept + kept_output) + (backward ? activations : 0) + starting + passed;
+      return moment.live * (kept + output_copy) + (backward ? activations : 0) + starting + passed;
     case CheckpointMode::kExceptLast:
       // And the last micro-batch keeps its activations whole.
-      return moment.live * (kept + kept_output) + activations + (backward ? activations : 0) +
+      return moment.live * (kept + output_copy) + activations + (backward ? activations : 0) +
              starting + passed;
   }
   return 0;
@@ -52,15 +54,6 @@ int64_t StageMemory::held(const schedule::HeldMicrobatches& moment,
 int64_t StageMemory::lagging(const schedule::HeldMicrobatches& moment) const {
   return std::max(upstream_crosses && moment.upstream == 0 ? upstream : 0,
                   downstream_crosses && moment.downstream == 0 ? downstream : 0);
-}
-
-void StageMemory::between_ranks(bool from_rank, bool to_rank) {
-  // Within a process, a stage's input is the tensor the stage before made, counted there; an
-  // input gradient is counted where it is made until used (`upstream`).
-  received_input = from_rank ? input_bytes : 0;
-  sent_gradient = from_rank ? input_bytes : 0;
-  sent_output = to_rank ? output_bytes : 0;
-  kept_output = to_rank ? output_bytes : 0;
 }
 
 StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts& loss,

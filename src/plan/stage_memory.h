@@ -26,18 +26,13 @@ struct StageMemory {
   /// The stage before, the stage after (under a split backward) runs on another worker, which
   /// may use what this stage sent it later than simulated.
   bool upstream_crosses = false, downstream_crosses = false;
-  /// Between ranks, what crosses is copied (PlanOptions::ranks): per micro-batch, the stage's
-  /// own copy of its input while it lives here (without checkpointing: with it, `kept`); the
-  /// message of an output sent, until its gradient comes back; the message of an input gradient
-  /// sent, until the step ends.
-  int64_t received_input = 0, sent_output = 0, sent_gradient = 0;
-  /// Checkpointed, per micro-batch, the stage's output while it lives here: within a process the
-  /// next stage's input, which it keeps (`kept`); between ranks a tensor of its own.
-  int64_t kept_output = 0;
-
-  /// Counts those copies: the stage before (`from_rank`), the stage after (`to_rank`) is on
-  /// another rank.
-  void between_ranks(bool from_rank, bool to_rank);
+  /// The stage before, the stage after is on another rank (PlanOptions::ranks), and what
+  /// crosses is copied. Per micro-batch, the stage then also holds: its own copy of its input
+  /// while the micro-batch lives here (checkpointed, that copy is what `kept` counts), and,
+  /// checkpointed, its output, which within a process is the next stage's input; the message of
+  /// an output sent, until its gradient comes back; the message of an input gradient sent, until
+  /// the step ends.
+  bool input_from_rank = false, output_to_rank = false;
 
   /// What the stage holds at `moment` under `checkpoint`.
   int64_t held(const schedule::HeldMicrobatches& moment, CheckpointMode checkpoint) const;
