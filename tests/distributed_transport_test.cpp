@@ -23,10 +23,9 @@ namespace distributed {
 namespace distributed_transport_test {
 namespace {
 
-// Runs body(rank, transport) for 2 ranks on 2 threads, 2 stages; rethrows the first exception.
-void run_ranks(
-    const std::function<void(int64_t, C10dTransport&)>& body,
-    C10dTransportOptions options = C10dTransportOptions().timeout(std::chrono::seconds(20))) {
+// Runs body(rank, group) for 2 ranks on 2 threads, each joined to the group; rethrows the first
+// exception.
+void run_groups(const std::function<void(int64_t, const ProcessGroup&)>& body) {
   const int port = launcher::free_port();
   std::vector<std::exception_ptr> errors(2);
   std::vector<std::thread> threads;
@@ -39,8 +38,7 @@ void run_ranks(
         env.local_rank = rank;
         env.master_addr = "127.0.0.1";
         env.master_port = port;
-        C10dTransport transport(rendezvous(env, std::chrono::seconds(20)), 2, options);
-        body(rank, transport);
+        body(rank, rendezvous(env, std::chrono::seconds(20)));
       } catch (...) {
         errors[rank] = std::current_exception();
       }
@@ -50,6 +48,16 @@ void run_ranks(
   for (const auto& error : errors) {
     if (error) std::rethrow_exception(error);
   }
+}
+
+// Runs body(rank, transport) for 2 ranks on 2 threads, 2 stages; rethrows the first exception.
+void run_ranks(
+    const std::function<void(int64_t, C10dTransport&)>& body,
+    C10dTransportOptions options = C10dTransportOptions().timeout(std::chrono::seconds(20))) {
+  run_groups([&](int64_t rank, const ProcessGroup& group) {
+    C10dTransport transport(group, 2, options);
+    body(rank, transport);
+  });
 }
 
 void on_sigpipe(int) {}
@@ -307,55 +315,34 @@ TEST(DistributedTransportTest, TheNextStepsFirstReceiveIsPostedBeforeItBegins) {
 // turns and then one after the other is gone: each takes only its own batches. Tags shared
 // between them would let the receive posted for one take the other's batch.
 TEST(DistributedTransportTest, TransportsOverOneGroupKeepTheirMessagesApart) {
-  const int port = launcher::free_port();
   const auto options = C10dTransportOptions().timeout(std::chrono::seconds(5));
-  std::vector<std::exception_ptr> errors(2);
-  std::vector<std::thread> threads;
-  for (int64_t rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        Environment env;
-        env.rank = rank;
-        env.world_size = 2;
-        env.local_rank = rank;
-        env.master_addr = "127.0.0.1";
-        env.master_port = port;
-        const ProcessGroup group = rendezvous(env, std::chrono::seconds(20));
-        auto first = std::make_unique<C10dTransport>(group, 2, options);
-        C10dTransport second(group, 2, options);
-        // One step of `transport` carrying `value` from rank 0 to rank 1, then a receive posted
-        // for its next step.
-        const auto step = [&](C10dTransport& transport, double value, const char* what) {
-          transport.begin_step();
-          if (rank == 0) {
-            transport.send(Batch(torch::full({2}, value)), 0, 1, 0);
-            transport.flush();
-            return;
-          }
-          transport.expect(0, 1, 1);
-          EXPECT_TRUE(
-              testing::bitwise_equal(transport.recv(0, 1, 0).tensor(), torch::full({2}, value)))
-              << what;
-          transport.expect_in_next_step(0, 1);
-        };
-        step(*first, 1, "the first transport's first step");
-        step(second, 2, "the second transport's first step, in turn");
-        step(*first, 3, "the first transport's second step");
-        step(second, 4, "the second transport's second step");
-        first->barrier("both stepped", std::chrono::seconds(5));
-        first.reset();  // its receive stays posted for a step that never comes
-        step(second, 5, "the second transport's step after the first is gone");
-        C10dTransport third(group, 2, options);
-        step(third, 6, "a third transport's step");
-      } catch (...) {
-        errors[rank] = std::current_exception();
+  run_groups([&](int64_t rank, const ProcessGroup& group) {
+    auto first = std::make_unique<C10dTransport>(group, 2, options);
+    C10dTransport second(group, 2, options);
+    // One step of `transport` carrying `value` from rank 0 to rank 1, then a receive posted for
+    // its next step.
+    const auto step = [&](C10dTransport& transport, double value, const char* what) {
+      transport.begin_step();
+      if (rank == 0) {
+        transport.send(Batch(torch::full({2}, value)), 0, 1, 0);
+        transport.flush();
+        return;
       }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  for (const auto& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
+      transport.expect(0, 1, 1);
+      EXPECT_TRUE(testing::bitwise_equal(transport.recv(0, 1, 0).tensor(), torch::full({2}, value)))
+          << what;
+      transport.expect_in_next_step(0, 1);
+    };
+    step(*first, 1, "the first transport's first step");
+    step(second, 2, "the second transport's first step, in turn");
+    step(*first, 3, "the first transport's second step");
+    step(second, 4, "the second transport's second step");
+    first->barrier("both stepped", std::chrono::seconds(5));
+    first.reset();  // its receive stays posted for a step that never comes
+    step(second, 5, "the second transport's step after the first is gone");
+    C10dTransport third(group, 2, options);
+    step(third, 6, "a third transport's step");
+  });
 }
 
 // A sent activation's message (a packed copy of it) goes once its gradient comes back, not at
