@@ -111,14 +111,15 @@ TEST(ScheduleValidateTest, HeldMicrobatchesAtEveryMomentMemoryCanPeak) {
     worker0.push_back(moment[0]);
   }
   using Starting = HeldMicrobatches::Starting;
-  // The last count: outputs whose gradient the next stage has not computed. It falls as stage
-  // 1's backwards, each a round ahead of stage 0's, return them.
+  // The seventh count: outputs whose gradient the next stage has not computed. It falls as
+  // stage 1's backwards, each a round ahead of stage 0's, return them. The last two: forwards
+  // and backwards not started yet, the one starting excluded.
   std::vector<HeldMicrobatches> expected{
-      {0, 0, Starting::kForward, 0, 0, 0, 0},  {1, 0, Starting::kForward, 0, 0, 0, 1},
-      {2, 0, Starting::kForward, 0, 0, 0, 2},  {1, 0, Starting::kNothing, 0, 0, 0, 1},
-      {2, 0, Starting::kNothing, 0, 0, 0, 2},  {3, 0, Starting::kNothing, 0, 0, 0, 3},
-      {3, 0, Starting::kBackward, 0, 0, 0, 2}, {2, 0, Starting::kBackward, 0, 0, 0, 1},
-      {1, 0, Starting::kBackward, 0, 0, 0, 0}};
+      {0, 0, Starting::kForward, 0, 0, 0, 0, 2, 3},  {1, 0, Starting::kForward, 0, 0, 0, 1, 1, 3},
+      {2, 0, Starting::kForward, 0, 0, 0, 2, 0, 3},  {1, 0, Starting::kNothing, 0, 0, 0, 1, 2, 3},
+      {2, 0, Starting::kNothing, 0, 0, 0, 2, 1, 3},  {3, 0, Starting::kNothing, 0, 0, 0, 3, 0, 3},
+      {3, 0, Starting::kBackward, 0, 0, 0, 2, 0, 2}, {2, 0, Starting::kBackward, 0, 0, 0, 1, 0, 1},
+      {1, 0, Starting::kBackward, 0, 0, 0, 0, 0, 0}};
   std::sort(worker0.begin(), worker0.end());
   std::sort(expected.begin(), expected.end());
   ASSERT_EQ(worker0.size(), expected.size());
@@ -166,6 +167,10 @@ TEST(ScheduleValidateTest, HeldMicrobatchesAtEveryMomentMemoryCanPeak) {
           EXPECT_GE(moment[j].unreturned, 0);
           EXPECT_LE(moment[j].unreturned,
                     stages[j] + 1 == schedule.num_stages ? 0 : schedule.num_microbatches);
+          // Every micro-batch forwarded and not yet backwarded here is live.
+          EXPECT_GE(moment[j].forwards_left, 0);
+          EXPECT_LE(moment[j].forwards_left, moment[j].backwards_left);
+          EXPECT_LE(moment[j].backwards_left - moment[j].forwards_left, moment[j].live + 1);
         }
         EXPECT_LE(starting, 1) << "worker " << w;
       }

@@ -41,7 +41,9 @@
 //              backward recomputes them (and the last micro-batch's, spared by kExceptLast).
 //              Between ranks (PlanOptions::ranks), copies of what crosses: a stage's input per
 //              micro-batch it holds, the message of each output sent until its gradient comes
-//              back, and of each input gradient sent until the step ends.
+//              back, and of each input gradient sent until the step ends; per edge from another
+//              rank, the buffers of the receives posted ahead (the window's, of the messages
+//              still to come) and of the one an action that starts takes.
 //   balance    starts from the partition whose slowest stage is fastest (block_partition), and
 //              from the one whose largest stage is smallest, then moves one layer at a time
 //              across a cut while that lowers the predicted step time (or, over the cap, the
@@ -104,6 +106,11 @@ struct PlanOptions {
   /// gradient comes back, and the message of each input gradient it sent until the step ends.
   /// Default: false.
   TORCH_ARG(bool, ranks) = false;
+
+  /// Between ranks, the receives each rank posts ahead per edge, as the pipeline will be told
+  /// (PipelineStageOptions::receive_window); each holds a buffer of one message. 0 for the
+  /// pipeline's own choice, the most micro-batches a stage holds at once. Default: 0.
+  TORCH_ARG(int64_t, receive_window) = 0;
 
   /// The link between two workers, as predict() models it: seconds from a send to its receive
   /// plus seconds per byte. Default: 0 and 0, the threads of one process.
@@ -172,8 +179,9 @@ struct PlanReport {
 
 /// Profiles `model` on `sample` (one mini-batch) and searches as the top of this file says.
 /// Throws c10::ValueError for fewer than one worker, a negative cap, no schedules, a
-/// micro-batch count below 1 or above the batch size, param_scale below 0, a negative link, or
-/// fewer than one repetition; and as profile_times() for a model it cannot profile.
+/// micro-batch count below 1 or above the batch size, param_scale below 0, a negative link or
+/// receive window, or fewer than one repetition; and as profile_times() for a model it cannot
+/// profile.
 ///
 /// Without a loss, the last stage's backward is taken to start from the output as its own
 /// gradient (the loss half the sum of its squares, free), and the calibration trains with that.

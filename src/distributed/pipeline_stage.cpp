@@ -9,10 +9,10 @@
 #include "distributed/failure_monitor.h"
 #include "distributed/rank_parameters.h"
 #include "gpipe/amp/grad_scaler.h"
-#include "gpipe/schedule/predict.h"
 #include "schedule/engine.h"
 #include "schedule/gradient_norm.h"
 #include "schedule/pipeline_parameters.h"
+#include "schedule/receive_window.h"
 #include "schedule/run_actions.h"
 #include "schedule/set_aside_gradients.h"
 
@@ -214,14 +214,11 @@ double PipelineStage::clip_grad_norm(double max_norm, double norm_type, bool err
 }
 
 int64_t PipelineStage::automatic_receive_window() {
-  const schedule::Schedule& plan =
+  return schedule::detail::automatic_receive_window(
       schedules_->get(options_.custom_schedule()
                           ? options_.custom_schedule()->num_microbatches
-                          : std::max(options_.chunks(),
-                                     schedule::min_microbatches(options_.schedule(), num_stages_)));
-  const auto live =
-      schedule::predict(plan, schedule::ActionCosts::unit(num_stages_)).peak_live_microbatches;
-  return std::max<int64_t>(1, *std::max_element(live.begin(), live.end()));
+                          : std::max(options_.chunks(), schedule::min_microbatches(
+                                                            options_.schedule(), num_stages_))));
 }
 
 void PipelineStage::expect_receives(const std::vector<schedule::Action>& actions) {

@@ -6,6 +6,7 @@
 #include "plan/calibration.h"
 #include "plan/layer_costs.h"
 #include "plan/stage_memory.h"
+#include "schedule/receive_window.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -55,6 +56,8 @@ void check(const PlanOptions& options, int64_t batch_size) {
   TORCH_CHECK_VALUE(options.latency() >= 0 && options.seconds_per_byte() >= 0,
                     "the link must not be negative (latency: ", options.latency(),
                     ", seconds_per_byte: ", options.seconds_per_byte(), ")");
+  TORCH_CHECK_VALUE(options.receive_window() >= 0, "receive_window must not be negative ",
+                    "(receive_window: ", options.receive_window(), ")");
   TORCH_CHECK_VALUE(options.repetitions() >= 1,
                     "repetitions must be positive (repetitions: ", options.repetitions(), ")");
 }
@@ -85,7 +88,10 @@ class Family {
         schedule_(std::move(schedule)),
         layers_(costs.layers),
         loss_(costs.loss),
-        options_(options) {}
+        options_(options),
+        receive_window_(options.receive_window() > 0
+                            ? options.receive_window()
+                            : schedule::detail::automatic_receive_window(schedule_)) {}
 
   // The plan for `balance`: predicted step, bubble, and each worker's peak bytes.
   Plan evaluate(const std::vector<int64_t>& balance) const {
@@ -93,6 +99,7 @@ class Family {
     schedule::ActionCosts costs;
     costs.latency = options_.latency();
     costs.seconds_per_byte = options_.seconds_per_byte();
+    if (options_.ranks()) costs.receive_window = receive_window_;
     std::vector<int64_t> first(S + 1, 0);  // stage s holds layers [first[s], first[s + 1])
     for (const auto s : c10::irange(S)) first[s + 1] = first[s] + balance[s];
     const double recomputed = shape_.checkpoint == CheckpointMode::kAlways ? 1.0
@@ -139,6 +146,7 @@ class Family {
       stages.back().downstream_crosses = split && s + 1 < S && elsewhere(s + 1);
       stages.back().input_from_rank = options_.ranks() && s > 0 && elsewhere(s - 1);
       stages.back().output_to_rank = options_.ranks() && s + 1 < S && elsewhere(s + 1);
+      stages.back().receive_window = receive_window_;
     }
     // A worker's stages hold at once what each holds at that moment of the schedule.
     for (const auto w : c10::irange(schedule_.num_workers)) {
@@ -211,6 +219,7 @@ class Family {
   const std::vector<LayerCosts>& layers_;
   const LayerCosts& loss_;
   const PlanOptions& options_;
+  const int64_t receive_window_;  // between ranks: receives posted ahead per edge
 };
 
 }  // namespace

@@ -30,8 +30,16 @@ int64_t StageMemory::held(const schedule::HeldMicrobatches& moment,
   // Copies between ranks (input_from_rank, output_to_rank): of an input, of an output.
   const int64_t input_copy = input_from_rank ? input_bytes : 0;
   const int64_t output_copy = output_to_rank ? output_bytes : 0;
+  // Receives posted ahead of the activations and gradients still to come, and the message an
+  // action that starts takes: its input, the gradient of its output.
+  const int64_t received = std::min(receive_window, moment.forwards_left) * input_copy +
+                           std::min(receive_window, moment.backwards_left) * output_copy +
+                           (moment.starting == Starting::kForward ? input_copy
+                            : backward                            ? output_copy
+                                                                  : 0);
   const int64_t passed = moment.upstream * upstream + moment.downstream * downstream +
-                         moment.unreturned * output_copy + moment.sent_upstream * input_copy;
+                         moment.unreturned * output_copy + moment.sent_upstream * input_copy +
+                         received;
   switch (checkpoint) {
     case CheckpointMode::kNever:
       // Each micro-batch forwarded holds its activations, one past its input half what that
@@ -42,10 +50,10 @@ int64_t StageMemory::held(const schedule::HeldMicrobatches& moment,
     case CheckpointMode::kAlways:
       // Each holds its input (and, between ranks, its output, which within a process is the
       // next stage's input); a backward that starts recomputes the activations.
-      return moment.live * (kept + output_copy) + (backward ? activations : 0) + starting + passed;
+      return moment.live * (kept + output_copy) + (backward ? recomputed : 0) + starting + passed;
     case CheckpointMode::kExceptLast:
       // And the last micro-batch keeps its activations whole.
-      return moment.live * (kept + output_copy) + activations + (backward ? activations : 0) +
+      return moment.live * (kept + output_copy) + recomputed + (backward ? recomputed : 0) +
              starting + passed;
   }
   return 0;
@@ -108,7 +116,9 @@ StageMemory stage_memory(const std::vector<LayerCosts>& layers, const LayerCosts
   memory.input_transient = s > 0 ? input_half_peak : 0;
   memory.weight_transient = s > 0 ? weight_half_peak : whole;
   memory.pending = s == 0 ? 0 : std::max(pending, -memory.activations);
-  memory.kept = layers[first[s]].input_bytes;
+  const int64_t loss_kept = s + 1 == S ? loss.activation_bytes : 0;
+  memory.kept = layers[first[s]].input_bytes + loss_kept;
+  memory.recomputed = std::max<int64_t>(memory.activations - loss_kept, 0);
   memory.input_bytes = s > 0 ? layers[first[s]].input_bytes : 0;
   memory.output_bytes = s + 1 < S ? layers[first[s + 1]].input_bytes : 0;
   memory.upstream = upstream;

@@ -18,7 +18,10 @@ struct StageMemory {
   int64_t pending = 0;      ///< more, past a split backward's input half
   /// More, at most, while a forward, a whole backward, an input half or a weight half runs.
   int64_t forward_transient = 0, backward_transient = 0, input_transient = 0, weight_transient = 0;
-  int64_t kept = 0;        ///< a checkpointed micro-batch's: the stage's input
+  /// A checkpointed micro-batch's: the stage's input, and on the last stage what the loss
+  /// saved, as the loss runs outside the checkpoint.
+  int64_t kept = 0;
+  int64_t recomputed = 0;  ///< what a checkpointed backward recomputes: all but the loss's
   int64_t upstream = 0;    ///< a micro-batch's gradients on their way to the stage before
   int64_t downstream = 0;  ///< a micro-batch's output and skips, while later stages hold them
   int64_t fixed = 0;       ///< parameters, and gradients on their way further up
@@ -31,8 +34,11 @@ struct StageMemory {
   /// while the micro-batch lives here (checkpointed, that copy is what `kept` counts), and,
   /// checkpointed, its output, which within a process is the next stage's input; the message of
   /// an output sent, until its gradient comes back; the message of an input gradient sent, until
-  /// the step ends.
+  /// the step ends. And per edge from another rank, the buffers of the receives posted ahead
+  /// (up to `receive_window` of the messages still to come), and the one an action that starts
+  /// takes.
   bool input_from_rank = false, output_to_rank = false;
+  int64_t receive_window = 1;
 
   /// What the stage holds at `moment` under `checkpoint`.
   int64_t held(const schedule::HeldMicrobatches& moment, CheckpointMode checkpoint) const;

@@ -45,6 +45,8 @@ class Simulation {
         downstream_(S_, 0),
         sent_upstream_(S_, 0),
         unreturned_(S_, 0),
+        forwards_left_(S_, M_),
+        backwards_left_(S_, M_),
         stages_of_(schedule.num_workers),
         held_(schedule.num_workers) {
     for (const auto s : c10::irange(S_)) {
@@ -76,7 +78,8 @@ class Simulation {
     for (const int64_t s : stages_of_[w]) {
       moment.push_back({live_[s], awaiting_[s],
                         s == stage ? starting : HeldMicrobatches::Starting::kNothing, upstream_[s],
-                        downstream_[s], sent_upstream_[s], unreturned_[s]});
+                        downstream_[s], sent_upstream_[s], unreturned_[s], forwards_left_[s],
+                        backwards_left_[s]});
     }
     held_[w].insert(std::move(moment));
   }
@@ -105,9 +108,10 @@ class Simulation {
   // Per stage: micro-batches forwarded and not yet weighted, now and at most; of them, those
   // past their BackwardInput, now and at most.
   std::vector<int64_t> live_, peak_live_, awaiting_, peak_awaiting_;
-  // Per stage: what HeldMicrobatches::upstream, downstream, sent_upstream and unreturned count,
-  // now.
-  std::vector<int64_t> upstream_, downstream_, sent_upstream_, unreturned_;
+  // Per stage: what HeldMicrobatches::upstream, downstream, sent_upstream, unreturned,
+  // forwards_left and backwards_left count, now.
+  std::vector<int64_t> upstream_, downstream_, sent_upstream_, unreturned_, forwards_left_,
+      backwards_left_;
   // Per worker: its stages, in increasing order; what they held as each compute action of one
   // started, and after each Forward and BackwardInput of one.
   std::vector<std::vector<int64_t>> stages_of_;
@@ -160,6 +164,7 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         "uses the activation of micro-batch ", i,
                         " before it arrives (no RecvActivation of it before)");
       forwarded_[k] = true;
+      --forwards_left_[s];
       if (!forward_only_) {
         hold(w, s, HeldMicrobatches::Starting::kForward);
         peak_live_[s] = std::max(peak_live_[s], ++live_[s]);
@@ -177,6 +182,7 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         "uses the gradient of micro-batch ", i,
                         " before it arrives (no RecvGradient of it before)");
       backwarded_[k] = true;
+      --backwards_left_[s];
       hold(w, s,
            a.kind == ActionKind::kBackward ? HeldMicrobatches::Starting::kBackward
                                            : HeldMicrobatches::Starting::kBackwardInput);

@@ -61,7 +61,8 @@ Plan plan_here(const TrainConfig& c, std::ostream& out) {
       PlanOptions(workers)
           .memory_cap(static_cast<int64_t>(c.memory_budget_mib * 1048576.0))
           .param_scale(4.0)  // weights, gradients and AdamW's two moments
-          .ranks(c.ranks.has_value()));
+          .ranks(c.ranks.has_value())
+          .receive_window(c.receive_window));
   out << "gpipe train --plan: " << workers
       << (c.ranks ? " ranks, planned as worker threads of rank 0" : " worker threads") << ", batch "
       << c.batch_size

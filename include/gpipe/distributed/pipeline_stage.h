@@ -4,11 +4,11 @@
 // Every rank builds the same model (e.g. from the same seed or checkpoint) and keeps its own
 // stages: with W ranks and v stages per rank (stages_per_worker, options.h), rank r runs stages
 // r, r + W, ..., r + (v - 1) W, or, where the schedule's placement is a V, stages r and
-// 2W - 1 - r (whose turn at rank W - 1 passes tensors within the process). step(input, target) runs this rank's
-// actions of the schedule; a C10dTransport carries activations and gradients between ranks. Each
-// rank's parameters then hold the same gradients as after one backward of the full batch through
-// the plain model (see runtime.h for the loss scaling), and step() returns the loss on every rank:
-// the last stage's rank sends it to the others.
+// 2W - 1 - r (whose turn at rank W - 1 passes tensors within the process). step(input, target) runs
+// this rank's actions of the schedule; a C10dTransport carries activations and gradients between
+// ranks. Each rank's parameters then hold the same gradients as after one backward of the full
+// batch through the plain model (see runtime.h for the loss scaling), and step() returns the loss
+// on every rank: the last stage's rank sends it to the others.
 //
 // Every rank of a pipeline passes the same batch to step() (at least tensors of the right batch
 // size): the first stage's rank reads the input, the last stage's rank the target, and every rank
@@ -106,7 +106,8 @@ struct PipelineStageOptions : schedule::ScheduleOptions<PipelineStageOptions> {
   /// never wait for a receiving rank to ask; each holds a buffer as large as the edge's largest
   /// message. 0 for the most micro-batches any stage holds at once under the schedule with
   /// `chunks` micro-batches (the whole step's under GPipe, about the number of stages under
-  /// 1F1B): memory the stages need anyway. Default: 0.
+  /// 1F1B). A rank holds each buffer from the moment its receive is posted (the planner counts
+  /// them: PlanOptions::receive_window). Default: 0.
   TORCH_ARG(int64_t, receive_window) = 0;
 };
 

@@ -58,11 +58,18 @@ struct HeldMicrobatches {
   /// BackwardInput not).
   int64_t sent_upstream = 0;
   int64_t unreturned = 0;
+  /// This step's Forwards and Backwards (or BackwardInputs) of the stage not started yet, the
+  /// one starting excluded: between ranks, the activations and gradients still to come, whose
+  /// receives are posted ahead up to a window.
+  int64_t forwards_left = 0;
+  int64_t backwards_left = 0;
 
   bool operator<(const HeldMicrobatches& other) const {
-    return std::tie(live, awaiting, starting, upstream, downstream, sent_upstream, unreturned) <
+    return std::tie(live, awaiting, starting, upstream, downstream, sent_upstream, unreturned,
+                    forwards_left, backwards_left) <
            std::tie(other.live, other.awaiting, other.starting, other.upstream, other.downstream,
-                    other.sent_upstream, other.unreturned);
+                    other.sent_upstream, other.unreturned, other.forwards_left,
+                    other.backwards_left);
   }
 };
 
