@@ -6,8 +6,10 @@
 #include "gpipe/memory.h"
 #include "gpipe/plan.h"
 #include "gpipe/schedule/runtime.h"
+#include "models/char_gpt.h"
 #include "models/unet.h"
 #include "plan/stage_memory.h"
+#include "plan/tied_memory.h"
 
 #include <torch/torch.h>
 
@@ -337,6 +339,36 @@ TEST(PlanTest, ACheckpointedLastStageKeepsWhatItsLossSaved) {
   EXPECT_EQ(last.held(moment, CheckpointMode::kAlways), 3 * (100 + 50) + 1000);
   const plan_detail::StageMemory before = plan_detail::stage_memory(layers, loss, first, 0, 2.0);
   EXPECT_EQ(before.held(moment, CheckpointMode::kAlways), 3 * 100 + 1000);  // no loss
+}
+
+// A parameter tied across ranks costs each of them more through a step: the receive of every
+// other rank's part of its gradient, in double precision, and the step's own gradient beside the
+// one set aside. The char GPT's head projects with its token embedding's weight.
+TEST(PlanTest, RanksHoldWhatSummingTheirTiedGradientsTakes) {
+  const models::CharGPTOptions options;
+  const auto model = models::char_gpt(options);
+  const int64_t L = static_cast<int64_t>(model->size());
+  const auto tied = plan_detail::tied_parameters(model);
+  ASSERT_EQ(tied.size(), 1u);
+  EXPECT_EQ(tied[0].layers, (std::vector<int64_t>{0, L - 1}));
+  const int64_t numel = options.vocab_size() * options.embedding_dim();
+  EXPECT_EQ(tied[0].numel, numel);
+  EXPECT_EQ(tied[0].bytes, numel * 4);
+  EXPECT_TRUE(
+      plan_detail::tied_parameters(models::char_gpt(models::CharGPTOptions().tie_embeddings(false)))
+          .empty());
+  std::vector<int64_t> two_ranks(L, 0);
+  std::fill(two_ranks.begin() + L / 2, two_ranks.end(), 1);
+  for (const int64_t w : {0, 1}) {
+    EXPECT_EQ(plan_detail::tied_bytes_between_ranks(tied, two_ranks, w), numel * 8 + numel * 4);
+  }
+  // Within one rank (a V's first and last stage), nothing crosses.
+  EXPECT_EQ(plan_detail::tied_bytes_between_ranks(tied, std::vector<int64_t>(L, 0), 0), 0);
+  // Among three ranks, two others' parts; a rank without the parameter holds nothing for it.
+  const std::vector<plan_detail::TiedParameter> three{{{0, 1, 2}, 400, 100}};
+  EXPECT_EQ(plan_detail::tied_bytes_between_ranks(three, {0, 1, 2}, 1), 2 * 100 * 8 + 400);
+  EXPECT_EQ(plan_detail::tied_bytes_between_ranks(three, {0, 1, 1}, 0), 100 * 8 + 400);
+  EXPECT_EQ(plan_detail::tied_bytes_between_ranks(three, {0, 0, 0}, 3), 0);
 }
 
 TEST(PlanTest, PredictedActivationsPerWorkerAreWhatAStepHolds) {

@@ -43,7 +43,9 @@
 //              micro-batch it holds, the message of each output sent until its gradient comes
 //              back, and of each input gradient sent until the step ends; per edge from another
 //              rank, the buffers of the receives posted ahead (the window's, of the messages
-//              still to come) and of the one an action that starts takes.
+//              still to come) and of the one an action that starts takes; for a parameter tied
+//              to another rank's layers, the receive of each other rank's part of its gradient
+//              (in double) and the step's gradient beside the one set aside.
 //   balance    starts from the partition whose slowest stage is fastest (block_partition), and
 //              from the one whose largest stage is smallest, then moves one layer at a time
 //              across a cut while that lowers the predicted step time (or, over the cap, the
@@ -103,7 +105,8 @@ struct PlanOptions {
   /// Whether the workers are ranks (processes, distributed::PipelineStage) rather than threads of
   /// one process. Between ranks what crosses is copied: a rank keeps its own copy of each input
   /// from another rank while its stage holds it, the message of each output it sent until the
-  /// gradient comes back, and the message of each input gradient it sent until the step ends.
+  /// gradient comes back, the message of each input gradient it sent until the step ends, and a
+  /// buffer per receive posted ahead; and tied parameters' gradients are summed across ranks.
   /// Default: false.
   TORCH_ARG(bool, ranks) = false;
 

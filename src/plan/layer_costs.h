@@ -3,6 +3,7 @@
 
 #include "gpipe/microbatch.h"
 #include "gpipe/schedule/stage.h"
+#include "plan/tied_memory.h"
 
 #include <torch/nn/modules/container/sequential.h>
 
@@ -64,6 +65,8 @@ struct LayerCosts {
 struct ModelCosts {
   std::vector<LayerCosts> layers;
   LayerCosts loss;
+  /// The parameters that more than one layer holds.
+  std::vector<TiedParameter> tied;
 };
 
 /// Each layer's costs on `microbatch` as fed through the layers before it, in training mode

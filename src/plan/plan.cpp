@@ -88,6 +88,7 @@ class Family {
         schedule_(std::move(schedule)),
         layers_(costs.layers),
         loss_(costs.loss),
+        tied_(costs.tied),
         options_(options),
         receive_window_(options.receive_window() > 0
                             ? options.receive_window()
@@ -148,6 +149,10 @@ class Family {
       stages.back().output_to_rank = options_.ranks() && s + 1 < S && elsewhere(s + 1);
       stages.back().receive_window = receive_window_;
     }
+    std::vector<int64_t> worker_of_layer;
+    for (const auto s : c10::irange(S)) {
+      worker_of_layer.insert(worker_of_layer.end(), balance[s], schedule_.worker_of(s));
+    }
     // A worker's stages hold at once what each holds at that moment of the schedule.
     for (const auto w : c10::irange(schedule_.num_workers)) {
       std::vector<int64_t> mine;
@@ -165,6 +170,8 @@ class Family {
         most = std::max(most, held + lagging);
       }
       for (const int64_t s : mine) most += stages[s].fixed;
+      if (options_.ranks())
+        most += plan_detail::tied_bytes_between_ranks(tied_, worker_of_layer, w);
       plan.peak_bytes[w] = most;
     }
     return plan;
@@ -218,6 +225,7 @@ class Family {
   schedule::Schedule schedule_;
   const std::vector<LayerCosts>& layers_;
   const LayerCosts& loss_;
+  const std::vector<plan_detail::TiedParameter>& tied_;
   const PlanOptions& options_;
   const int64_t receive_window_;  // between ranks: receives posted ahead per edge
 };
@@ -262,8 +270,10 @@ PlanReport plan_with(torch::nn::Sequential model, const Batch& sample, const Bat
   // Profile once per micro-batch size (the first micro-batch's: the largest).
   auto begun = Clock::now();
   std::map<int64_t, ModelCosts> costs;  // micro-batches -> each layer's and the loss's costs
+  const std::vector<plan_detail::TiedParameter> tied = plan_detail::tied_parameters(model);
   for (const int64_t m : microbatch_counts(options, batch_size)) {
     ModelCosts& model_costs = costs[m];
+    model_costs.tied = tied;
     const Batch microbatch = scatter(sample, m)[0];
     Batch output{at::Tensor()};
     model_costs.layers =
