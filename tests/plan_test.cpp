@@ -509,12 +509,14 @@ TEST(PlanTest, PlansAModelWithSkips) {
   EXPECT_TRUE(pipe.step(input, torch::zeros({8, 1, 16, 16})).defined());
 }
 
-// Computes for 1 ms of its thread's CPU time on the thread that made it and 10 ms on any other:
+// Computes for 5 ms of its thread's CPU time on the thread that made it and 50 ms on any other:
 // a layer that costs ten times as much in a pipeline's workers as alone on the planner's
-// thread. CPU time, not sleeps, so that a busy machine stretches both alike.
+// thread. CPU time, not sleeps, so that a busy machine stretches both alike; several scheduler
+// ticks long, so that one tick more or less (4 ms) cannot hide the ratio: at 1 and 10 ms, with
+// three busy loops beside the test, 4 of 6 runs calibrated 1.1-2.8.
 struct SlowerOnWorkersImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) {
-    const double seconds = std::this_thread::get_id() == home ? 1e-3 : 10e-3;
+    const double seconds = std::this_thread::get_id() == home ? 5e-3 : 50e-3;
     const double start = thread_cpu_seconds();
     while (thread_cpu_seconds() - start < seconds) {
     }
