@@ -286,15 +286,20 @@ TEST(PlanTest, RanksHoldCopiesOfWhatCrossesBetweenThem) {
   }
 }
 
+// The middle stage of three, a layer each, whose inputs are 100, 200 and 300 bytes: it receives
+// 200 and sends 300.
+plan_detail::StageMemory middle_of_three() {
+  std::vector<plan_detail::LayerCosts> layers(3);
+  for (int64_t k = 0; k < 3; ++k) layers[k].input_bytes = 100 * (k + 1);
+  return plan_detail::stage_memory(layers, {}, {0, 1, 2, 3}, 1, 2.0);
+}
+
 // Between ranks, each receive posted ahead holds a buffer of one message: per edge from another
 // rank, up to the window of the messages still to come, and the one an action that starts takes.
 // Measured on 2 ranks (char GPT, 1F1B, 16 checkpointed micro-batches): each receive more in the
 // window held 66 KiB more on rank 0, its 64 KiB gradient and the message's header.
 TEST(PlanTest, RanksHoldTheBuffersOfReceivesPostedAhead) {
   using Starting = schedule::HeldMicrobatches::Starting;
-  std::vector<plan_detail::LayerCosts> layers(3);
-  for (int64_t k = 0; k < 3; ++k) layers[k].input_bytes = 100 * (k + 1);  // 100, 200, 300
-  const std::vector<int64_t> first{0, 1, 2, 3};
   schedule::HeldMicrobatches moment;
   moment.forwards_left = 5;
   moment.backwards_left = 1;
@@ -302,7 +307,7 @@ TEST(PlanTest, RanksHoldTheBuffersOfReceivesPostedAhead) {
                               Starting::kBackwardInput, Starting::kBackwardWeight}) {
     moment.starting = starting;
     for (const int64_t window : {1, 2, 8}) {
-      plan_detail::StageMemory memory = plan_detail::stage_memory(layers, {}, first, 1, 2.0);
+      plan_detail::StageMemory memory = middle_of_three();
       memory.receive_window = window;
       const int64_t within = memory.held(moment, CheckpointMode::kNever);
       memory.input_from_rank = true;
@@ -317,6 +322,39 @@ TEST(PlanTest, RanksHoldTheBuffersOfReceivesPostedAhead) {
           << window << " " << static_cast<int>(starting);
     }
   }
+}
+
+// A batch travels between ranks with its header, packed into one message (a copy) up to the
+// transport's limit, else as its own tensors, uncopied: its receive holds only the header until
+// the header has come, and a send of an output holds nothing its stage does not keep anyway.
+TEST(PlanTest, RanksCountTheMessagesABatchTravelsIn) {
+  using Starting = schedule::HeldMicrobatches::Starting;
+  schedule::HeldMicrobatches moment;
+  moment.live = 3;
+  moment.unreturned = 1;
+  moment.sent_upstream = 2;
+  moment.forwards_left = 5;
+  moment.backwards_left = 1;
+  moment.starting = Starting::kBackward;
+  plan_detail::StageMemory memory = middle_of_three();
+  memory.receive_window = 2;
+  memory.message_header = 10;
+  memory.one_message_bytes = 250;  // its input (200) is packed, its output (300) is not
+  const int64_t within = memory.held(moment, CheckpointMode::kNever);
+  memory.input_from_rank = true;
+  memory.output_to_rank = true;
+  // Input, 210 a message: one per micro-batch held, per gradient sent, per receive posted.
+  // Output, uncopied: its gradient's receives hold a header each until it comes (10), the one
+  // this backward takes is its own 300, and the output awaiting its gradient costs nothing more.
+  EXPECT_EQ(memory.held(moment, CheckpointMode::kNever) - within,
+            3 * 210 + 2 * 210 + 2 * 210 + 1 * 10 + 300);
+  // Checkpointed, each micro-batch holds the header of the message its input came in, and its
+  // output.
+  memory.input_from_rank = memory.output_to_rank = false;
+  const int64_t checkpointed = memory.held(moment, CheckpointMode::kAlways);
+  memory.input_from_rank = memory.output_to_rank = true;
+  EXPECT_EQ(memory.held(moment, CheckpointMode::kAlways) - checkpointed,
+            3 * (10 + 300) + 2 * 210 + 2 * 210 + 1 * 10 + 300);
 }
 
 // Checkpointed, the last stage keeps what its loss saved per micro-batch it holds (the loss runs

@@ -43,7 +43,9 @@
 //              micro-batch it holds, the message of each output sent until its gradient comes
 //              back, and of each input gradient sent until the step ends; per edge from another
 //              rank, the buffers of the receives posted ahead (the window's, of the messages
-//              still to come) and of the one an action that starts takes; for a parameter tied
+//              still to come) and of the one an action that starts takes, each message its
+//              batch and header packed together up to 32 MiB (a larger batch goes uncopied,
+//              and a receive ahead of it holds only its header); for a parameter tied
 //              to another rank's layers, the receive of each other rank's part of its gradient
 //              (in double) and the step's gradient beside the one set aside.
 //   balance    starts from the partition whose slowest stage is fastest (block_partition), and

@@ -1,5 +1,6 @@
 #include "gpipe/plan.h"
 
+#include "distributed/c10d_transport_edge.h"
 #include "gpipe/balance/block_partition.h"
 #include "gpipe/schedule/generators.h"
 #include "gpipe/schedule/predict.h"
@@ -148,6 +149,8 @@ class Family {
       stages.back().input_from_rank = options_.ranks() && s > 0 && elsewhere(s - 1);
       stages.back().output_to_rank = options_.ranks() && s + 1 < S && elsewhere(s + 1);
       stages.back().receive_window = receive_window_;
+      stages.back().message_header = distributed::kHeaderBytes;
+      stages.back().one_message_bytes = distributed::kMaxOneMessageBytes;
     }
     std::vector<int64_t> worker_of_layer;
     for (const auto s : c10::irange(S)) {

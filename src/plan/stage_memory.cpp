@@ -27,34 +27,48 @@ int64_t StageMemory::held(const schedule::HeldMicrobatches& moment,
       starting = weight_transient;
       break;
   }
-  // Copies between ranks (input_from_rank, output_to_rank): of an input, of an output.
-  const int64_t input_copy = input_from_rank ? input_bytes : 0;
-  const int64_t output_copy = output_to_rank ? output_bytes : 0;
-  // Receives posted ahead of the activations and gradients still to come, and the message an
+  // Between ranks (input_from_rank, output_to_rank) a batch travels with a header, packed into
+  // one message where it fits, a copy on both ends; else as its own tensors, uncopied, its
+  // receive posted once its header has come (c10d_transport.h).
+  const int64_t in = input_from_rank ? input_bytes : 0, out = output_to_rank ? output_bytes : 0;
+  const auto packed = [&](int64_t bytes) {
+    return bytes > 0 && bytes + message_header <= one_message_bytes;
+  };
+  // What a batch that came occupies, and what a receive posted ahead of it holds.
+  const auto landed = [&](int64_t bytes) { return packed(bytes) ? bytes + message_header : bytes; };
+  const auto posted = [&](int64_t bytes) {
+    return bytes == 0 ? 0 : packed(bytes) ? bytes + message_header : message_header;
+  };
+  // Receives posted ahead of the activations and gradients still to come, and the batch an
   // action that starts takes: its input, the gradient of its output.
-  const int64_t received = std::min(receive_window, moment.forwards_left) * input_copy +
-                           std::min(receive_window, moment.backwards_left) * output_copy +
-                           (moment.starting == Starting::kForward ? input_copy
-                            : backward                            ? output_copy
+  const int64_t received = std::min(receive_window, moment.forwards_left) * posted(in) +
+                           std::min(receive_window, moment.backwards_left) * posted(out) +
+                           (moment.starting == Starting::kForward ? landed(in)
+                            : backward                            ? landed(out)
                                                                   : 0);
-  const int64_t passed = moment.upstream * upstream + moment.downstream * downstream +
-                         moment.unreturned * output_copy + moment.sent_upstream * input_copy +
-                         received;
+  // A send holds its message until its receipt: an output's until the gradient comes back (an
+  // uncopied one, tensors its stage keeps anyway), an input gradient's until the step ends.
+  const int64_t sent = moment.unreturned * (packed(out) ? out + message_header : 0) +
+                       moment.sent_upstream * landed(in);
+  const int64_t passed =
+      moment.upstream * upstream + moment.downstream * downstream + sent + received;
   switch (checkpoint) {
     case CheckpointMode::kNever:
       // Each micro-batch forwarded holds its activations, one past its input half what that
       // half left for the weight half too; an action that starts allocates more.
       // Between ranks each also holds its own copy of the input.
-      return moment.live * (activations + input_copy) + moment.awaiting * pending + starting +
+      return moment.live * (activations + landed(in)) + moment.awaiting * pending + starting +
              passed;
     case CheckpointMode::kAlways:
-      // Each holds its input (and, between ranks, its output, which within a process is the
-      // next stage's input); a backward that starts recomputes the activations.
-      return moment.live * (kept + output_copy) + (backward ? recomputed : 0) + starting + passed;
+      // Each holds its input, between ranks the message it came in (and its output, which
+      // within a process is the next stage's input); a backward that starts recomputes the
+      // activations.
+      return moment.live * (kept + landed(in) - in + out) + (backward ? recomputed : 0) + starting +
+             passed;
     case CheckpointMode::kExceptLast:
       // And the last micro-batch keeps its activations whole.
-      return moment.live * (kept + output_copy) + recomputed + (backward ? recomputed : 0) +
-             starting + passed;
+      return moment.live * (kept + landed(in) - in + out) + recomputed +
+             (backward ? recomputed : 0) + starting + passed;
   }
   return 0;
 }

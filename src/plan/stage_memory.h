@@ -8,6 +8,7 @@
 #include "plan/layer_costs.h"
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace gpipe {
@@ -39,6 +40,10 @@ struct StageMemory {
   /// takes.
   bool input_from_rank = false, output_to_rank = false;
   int64_t receive_window = 1;
+  /// Between ranks, the bytes of a message's header, and the largest message a batch and its
+  /// header are packed into (a copy); a larger batch goes as its own tensors, uncopied.
+  int64_t message_header = 0;
+  int64_t one_message_bytes = std::numeric_limits<int64_t>::max();
 
   /// What the stage holds at `moment` under `checkpoint`.
   int64_t held(const schedule::HeldMicrobatches& moment, CheckpointMode checkpoint) const;
