@@ -1,33 +1,22 @@
 #include "plan/tied_memory.h"
 
-#include <c10/util/irange.h>
+#include "detail/split.h"
+#include "schedule/pipeline_parameters.h"
 
-#include <algorithm>
 #include <set>
-#include <unordered_map>
 
 namespace gpipe {
 namespace plan_detail {
 
 std::vector<TiedParameter> tied_parameters(const torch::nn::Sequential& model) {
-  std::vector<TiedParameter> all;
-  std::unordered_map<const c10::TensorImpl*, size_t> index;  // a tensor is one parameter
-  const auto layers = model->children();
-  for (const auto k : c10::irange(layers.size())) {
-    for (const auto& p : layers[k]->parameters()) {
-      const auto [it, added] = index.emplace(p.unsafeGetTensorImpl(), all.size());
-      if (added) {
-        all.push_back({{}, static_cast<int64_t>(p.nbytes()), p.numel()});
-      }
-      auto& held_by = all[it->second].layers;
-      if (held_by.empty() || held_by.back() != static_cast<int64_t>(k)) {
-        held_by.push_back(static_cast<int64_t>(k));
-      }
-    }
-  }
+  // The engines' rule for which parameters are one (a tensor wherever it appears), with each
+  // layer as a stage of its own.
+  const std::vector<int64_t> one_each(model->size(), 1);
   std::vector<TiedParameter> tied;
-  for (auto& p : all) {
-    if (p.layers.size() > 1) tied.push_back(std::move(p));
+  for (const auto& p : detail::pipeline_parameters(detail::split_by_balance(model, one_each))) {
+    if (p.tied()) {
+      tied.push_back({p.stages, static_cast<int64_t>(p.tensor.nbytes()), p.tensor.numel()});
+    }
   }
   return tied;
 }
