@@ -91,7 +91,8 @@ class Family {
         loss_(costs.loss),
         tied_(costs.tied),
         options_(options),
-        receive_window_(options.receive_window() > 0
+        receive_window_(!options.ranks() ? 0  // no receives to post
+                        : options.receive_window() > 0
                             ? options.receive_window()
                             : schedule::detail::automatic_receive_window(schedule_)) {}
 
@@ -152,8 +153,8 @@ class Family {
       stages.back().message_header = distributed::kHeaderBytes;
       stages.back().one_message_bytes = distributed::kMaxOneMessageBytes;
     }
-    std::vector<int64_t> worker_of_layer;
-    for (const auto s : c10::irange(S)) {
+    std::vector<int64_t> worker_of_layer;  // between ranks, for the ties across them
+    for (const auto s : c10::irange(options_.ranks() ? S : 0)) {
       worker_of_layer.insert(worker_of_layer.end(), balance[s], schedule_.worker_of(s));
     }
     // A worker's stages hold at once what each holds at that moment of the schedule.
@@ -173,8 +174,9 @@ class Family {
         most = std::max(most, held + lagging);
       }
       for (const int64_t s : mine) most += stages[s].fixed;
-      if (options_.ranks())
+      if (options_.ranks()) {
         most += plan_detail::tied_bytes_between_ranks(tied_, worker_of_layer, w);
+      }
       plan.peak_bytes[w] = most;
     }
     return plan;
