@@ -656,6 +656,8 @@ TEST(PlanTest, BadOptionsAreNamed) {
   const auto model = mlp(2, 8);
   const torch::Tensor sample = torch::randn({8, 8});
   GPIPE_EXPECT_THROW_WITH(plan(model, sample, PlanOptions(0)), c10::ValueError, "workers: 0");
+  GPIPE_EXPECT_THROW_WITH(plan(torch::nn::Sequential(), sample, PlanOptions(2)), c10::ValueError,
+                          "the model has no layers to plan");
   GPIPE_EXPECT_THROW_WITH(plan(model, sample, PlanOptions(2).memory_cap(-1)), c10::ValueError,
                           "memory_cap: -1");
   GPIPE_EXPECT_THROW_WITH(plan(model, sample, PlanOptions(2).schedules({})), c10::ValueError,

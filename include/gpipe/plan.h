@@ -183,10 +183,10 @@ struct PlanReport {
 };
 
 /// Profiles `model` on `sample` (one mini-batch) and searches as the top of this file says.
-/// Throws c10::ValueError for fewer than one worker, a negative cap, no schedules, a
-/// micro-batch count below 1 or above the batch size, param_scale below 0, a negative link or
-/// receive window, or fewer than one repetition; and as profile_times() for a model it cannot
-/// profile.
+/// Throws c10::ValueError for a model without layers, fewer than one worker, a negative cap, no
+/// schedules, a micro-batch count below 1 or above the batch size, param_scale below 0, a
+/// negative link or receive window, or fewer than one repetition; and as profile_times() for a
+/// model it cannot profile.
 ///
 /// Without a loss, the last stage's backward is taken to start from the output as its own
 /// gradient (the loss half the sum of its squares, free), and the calibration trains with that.

@@ -261,6 +261,7 @@ PlanReport plan_with(torch::nn::Sequential model, const Batch& sample, const Bat
   TORCH_CHECK_VALUE(sample.size() > 0, "the sample has no tensor");
   const int64_t batch_size = sample[0].size(0);
   check(options, batch_size);
+  TORCH_CHECK_VALUE(!model->is_empty(), "the model has no layers to plan");
   if (target != nullptr) {
     TORCH_CHECK_VALUE(static_cast<bool>(*loss), "the loss function is empty");
     for (const auto& t : target->tensors()) {
