@@ -135,6 +135,55 @@ TEST(SchedulePredictTest, ReceiveWindowLetsThatManyMessagesFly) {
                           "costs: receive_window must be non-negative, but is -1");
 }
 
+// Workers that outnumber the cores share them: two computing on one core each take twice as
+// long, and one left alone goes back to full speed with what it has left.
+TEST(SchedulePredictTest, WorkersShareTheCoresTheyOutnumber) {
+  ActionCosts costs = ActionCosts::unit(2);
+  costs.forward = {1, 2};
+  const Schedule plan = gpipe_schedule(2, 2);
+  // When each worker's forwards end, in order.
+  const auto forwards_end = [&](int64_t cores, int64_t worker) {
+    costs.cores = cores;
+    const Prediction p = predict(plan, costs);
+    std::vector<double> ends;
+    for (size_t k = 0; k < plan.actions[worker].size(); ++k) {
+      if (plan.actions[worker][k].kind == ActionKind::kForward) ends.push_back(p.end[worker][k]);
+    }
+    return ends;
+  };
+  // Alone: worker 0 forwards at 0-1 and 1-2, worker 1 at 1-3 and 3-5.
+  EXPECT_EQ(forwards_end(0, 0), (std::vector<double>{1, 2}));
+  EXPECT_EQ(forwards_end(0, 1), (std::vector<double>{3, 5}));
+  // On one core, from 1 both compute at half speed: worker 0's second forward (1) ends at 3,
+  // when worker 1's first (2) is half done; alone again, it ends at 4, the next at 6.
+  EXPECT_EQ(forwards_end(1, 0), (std::vector<double>{1, 3}));
+  EXPECT_EQ(forwards_end(1, 1), (std::vector<double>{4, 6}));
+
+  // A core per worker or more is what no sharing is, time for time.
+  for (const auto& [W, M] : {std::pair<int64_t, int64_t>{4, 8}, {3, 5}}) {
+    const Schedule schedule = one_f_one_b_schedule(W, M);
+    ActionCosts c = ActionCosts::unit(W);
+    const Prediction own = predict(schedule, c);
+    c.cores = W;
+    EXPECT_EQ(predict(schedule, c).end, own.end);
+    // On one core the work is done one action at a time, and one is always ready.
+    c.cores = 1;
+    const Prediction one = predict(schedule, c);
+    EXPECT_DOUBLE_EQ(one.step_time, 3.0 * static_cast<double>(W * M));
+    EXPECT_EQ(one.busy, own.busy);
+    EXPECT_DOUBLE_EQ(one.bubble_fraction, 0);  // of the one core's time
+    // On two, at least half the work and at least the unshared step.
+    c.cores = 2;
+    const double two = predict(schedule, c).step_time;
+    EXPECT_GE(two, 1.5 * static_cast<double>(W * M));
+    EXPECT_GE(two, own.step_time);
+    EXPECT_LT(two, one.step_time);
+  }
+  costs.cores = -1;
+  GPIPE_EXPECT_THROW_WITH(predict(plan, costs), c10::ValueError,
+                          "costs: cores must be non-negative, but is -1");
+}
+
 // What a stage holds at most is what a real step's Stage held, for every schedule.
 TEST(SchedulePredictTest, PeakLiveMicroBatchesAreTheRealOnes) {
   torch::manual_seed(0);
@@ -186,6 +235,32 @@ TEST(SchedulePredictTest, CostsFromATraceAreMedians) {
   EXPECT_DOUBLE_EQ(costs.backward[1], 100e-6);  // its halves
   GPIPE_EXPECT_THROW_WITH(costs_from_trace(events, 3), c10::ValueError,
                           "the trace has no forward of stage 2");
+}
+
+// Read on shared cores, each event counts what it would have taken alone.
+TEST(SchedulePredictTest, CostsFromATraceOnSharedCoresAreTheirTimesAlone) {
+  std::vector<trace::Event> events;
+  const auto add = [&](const std::string& name, int64_t stage, double begin, double end) {
+    events.push_back({name, /*worker=*/stage, stage, /*microbatch=*/0, /*step=*/0, begin, end});
+  };
+  // Two forwards overlap from 100 to 200 us; the backwards run alone.
+  add("forward", 0, 0, 200);
+  add("forward", 1, 100, 300);
+  add("send_activation", 0, 150, 160);  // not computing
+  add("backward", 1, 300, 340);
+  add("backward", 0, 400, 480);
+  const ActionCosts one = costs_from_trace(events, 2, /*cores=*/1);
+  EXPECT_EQ(one.cores, 1);
+  EXPECT_DOUBLE_EQ(one.forward[0], 150e-6);  // 100 alone, then 100 at half speed
+  EXPECT_DOUBLE_EQ(one.forward[1], 150e-6);
+  EXPECT_DOUBLE_EQ(one.backward[1], 40e-6);
+  EXPECT_DOUBLE_EQ(one.backward[0], 80e-6);
+  const ActionCosts two = costs_from_trace(events, 2, /*cores=*/2);
+  EXPECT_DOUBLE_EQ(two.forward[0], 200e-6);
+  EXPECT_DOUBLE_EQ(two.forward[1], 200e-6);
+  EXPECT_EQ(costs_from_trace(events, 2).cores, 0);
+  GPIPE_EXPECT_THROW_WITH(costs_from_trace(events, 2, -1), c10::ValueError,
+                          "cores must be non-negative, but got -1");
 }
 
 }  // namespace

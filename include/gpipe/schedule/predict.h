@@ -8,8 +8,9 @@
 // receive waits until its message has arrived. With a receive window of w (the receives posted
 // ahead per edge, distributed/c10d_transport.h), message k of an edge leaves only once its receive
 // is posted, when the receive of message k - w has ended, and the sender hears of it `latency`
-// later. Nothing else is shared: workers never slow each other down (on a machine with fewer
-// cores than workers they do, and the prediction is short).
+// later. Workers share nothing but the cores: with `cores` set and more workers computing at
+// once than that, each computes at cores / computing of its speed (the operating system's fair
+// share, as worker threads sharing a CPU run); with 0, every worker has its own.
 //
 // Costs come from a trace of real steps (costs_from_trace) or are given, e.g. ActionCosts::unit
 // for the unit-time pictures of the papers: there the bubble of GPipe and 1F1B is
@@ -43,6 +44,9 @@ struct ActionCosts {
   /// messages of an edge find theirs posted; each later one waits for the receive of the one
   /// `receive_window` before it to end. 0 for every receive posted as the step starts.
   int64_t receive_window = 0;
+  /// Workers that compute at full speed at once: with more computing, each runs at
+  /// cores / computing of its speed. 0 for one each.
+  int64_t cores = 0;
 
   /// Every stage's forward 1, backward 2, each half 1; messages free.
   static ActionCosts unit(int64_t num_stages);
@@ -56,7 +60,8 @@ struct Prediction {
   double step_time = 0;
   /// Per worker: the time it computes.
   std::vector<double> busy;
-  /// The share of worker time not computing: 1 - sum(busy) / (workers * step_time).
+  /// The share of worker time not computing: 1 - sum(busy) / (workers * step_time), or of the
+  /// cores' time where the workers share fewer cores.
   double bubble_fraction = 0;
   /// Per stage: the most micro-batches forwarded and not yet through their weight gradient,
   /// whose graphs it holds (Stage::peak_live_microbatches on a real step).
@@ -69,15 +74,25 @@ struct Prediction {
   std::vector<std::vector<std::vector<HeldMicrobatches>>> held_microbatches;
 };
 
+/// The cores of this machine's CPU that `workers` worker threads, each running `threads`
+/// intra-op threads, share, as ActionCosts::cores takes them: the CPU's cores over `threads`, at
+/// least 1; or 0 where that is as many as the workers or more (each has its own).
+int64_t cpu_cores_shared(int64_t workers, int64_t threads);
+
 /// Predicts `schedule` under `costs`. Throws c10::ValueError for an invalid schedule
-/// (validate.h), or for costs with fewer entries than stages, negative, or a negative window.
+/// (validate.h), or for costs with fewer entries than stages, negative, or a negative window or
+/// count of cores.
 Prediction predict(const Schedule& schedule, const ActionCosts& costs);
 
 /// The median duration of each compute kind per stage among `events` (a tracer's, trace.h), in
 /// seconds, for `num_stages` stages. A kind the trace lacks is made of the others: a whole
-/// backward is its halves' sum, each half half a backward. Messages are left free. Throws
-/// c10::ValueError if some stage has no forward or no backward of either kind.
-ActionCosts costs_from_trace(const std::vector<trace::Event>& events, int64_t num_stages);
+/// backward is its halves' sum, each half half a backward. Messages are left free. With `cores`
+/// (> 0), the events ran on that many cores shared: each counts the time it would have taken
+/// alone, its duration at cores / computing of full speed wherever more of the trace's compute
+/// events ran at once, and the costs carry `cores` for predict(). Throws c10::ValueError if some
+/// stage has no forward or no backward of either kind, or for negative cores.
+ActionCosts costs_from_trace(const std::vector<trace::Event>& events, int64_t num_stages,
+                             int64_t cores = 0);
 
 }  // namespace schedule
 }  // namespace gpipe
