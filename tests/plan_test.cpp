@@ -21,6 +21,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <sstream>
 #include <thread>
 
 namespace gpipe {
@@ -590,6 +591,41 @@ TEST(PlanTest, CalibrationScalesTheProfileByWhatAPipelineTakes) {
   EXPECT_GT(calibrated.best().step_seconds, 2.0 * alone.best().step_seconds);
 }
 
+// Spins 2 ms of CPU time per forward: layers of one cost, however busy the machine.
+struct SpinningImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) {
+    spin(2e-3);
+    return x * 2;
+  }
+};
+TORCH_MODULE(Spinning);
+
+// Workers that outnumber the cores are planned sharing them: on one core a step takes all its
+// work, one action at a time; with a core each some of it runs side by side.
+TEST(PlanTest, WorkersThatOutnumberTheCoresShareThem) {
+  const torch::nn::Sequential model{Spinning(), Spinning(), Spinning(), Spinning()};
+  const torch::Tensor sample = torch::randn({8, 8});
+  const PlanOptions options = PlanOptions(2)
+                                  .schedules({ScheduleKind::kGPipe})
+                                  .microbatches({4})
+                                  .repetitions(1)
+                                  .calibrate(false);
+  const PlanReport own = plan(model, sample, PlanOptions(options).cores(2));
+  EXPECT_EQ(own.cores, 0);
+  const PlanReport one = plan(model, sample, PlanOptions(options).cores(1));
+  EXPECT_EQ(one.cores, 1);
+  std::ostringstream table;
+  table << one;
+  EXPECT_NE(table.str().find("predicted on 1 core shared by the workers"), std::string::npos)
+      << table.str();
+  // The one core never idles (the bubble is the cores' idle share), and the step is its work.
+  const Plan& shared = one.best();
+  EXPECT_NEAR(shared.bubble_fraction, 0, 1e-9);
+  // GPipe's 4 micro-batches on 2 workers with a core each: a bubble of 1/5.
+  const Plan& side_by_side = own.best();
+  EXPECT_GT(side_by_side.bubble_fraction, 0.15);
+}
+
 // Calibrating trains the model for a few steps: its values, running statistics, modes and
 // gradients are as they were afterwards.
 TEST(PlanTest, CalibrationLeavesTheModelAsItWas) {
@@ -668,6 +704,10 @@ TEST(PlanTest, BadOptionsAreNamed) {
                           "param_scale: -1");
   GPIPE_EXPECT_THROW_WITH(plan(model, sample, PlanOptions(2).receive_window(-1)), c10::ValueError,
                           "receive_window: -1");
+  GPIPE_EXPECT_THROW_WITH(plan(model, sample, PlanOptions(2).cores(-1)), c10::ValueError,
+                          "cores: -1");
+  GPIPE_EXPECT_THROW_WITH(plan(model, sample, PlanOptions(2).intra_op_threads(0)), c10::ValueError,
+                          "intra_op_threads: 0");
   GPIPE_EXPECT_THROW_WITH(plan(model, sample, PlanOptions(2).repetitions(0)), c10::ValueError,
                           "repetitions: 0");
 }

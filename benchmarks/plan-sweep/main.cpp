@@ -256,6 +256,10 @@ int main(int argc, char** argv) {
       std::printf("calibrated at %lld micro-batches: forward x%.2f, backward x%.2f\n",
                   static_cast<long long>(c.microbatches), c.forward, c.backward);
     }
+    if (report.cores > 0) {
+      std::printf("predicted on %lld cores shared by the workers\n",
+                  static_cast<long long>(report.cores));
+    }
     return report.plans;
   };
   const std::vector<gpipe::Plan> plans = ranks ? ranks->share(plan_here) : plan_here();
@@ -375,9 +379,10 @@ int main(int argc, char** argv) {
     // between this and the measured step is the simulation's; the rest is the profile's.
     const double from_trace =
         ranks ? std::nan("")
-              : gs::predict(run.pipe->schedule(p.microbatches),
-                            gs::costs_from_trace(run.tracer->events(),
-                                                 static_cast<int64_t>(p.balance.size())))
+              : gs::predict(
+                    run.pipe->schedule(p.microbatches),
+                    gs::costs_from_trace(run.tracer->events(),
+                                         static_cast<int64_t>(p.balance.size()), report.cores))
                     .step_time;
     // Memory: the worker whose prediction is furthest off.
     double memory_error = 0;
@@ -446,6 +451,7 @@ int main(int argc, char** argv) {
              {"planning_seconds", planning_seconds},
              {"profile_seconds", report.profile_seconds},
              {"search_seconds", report.search_seconds},
+             {"cores", report.cores},
              {"choice_over_fastest", fastest ? chosen / bench::median(fastest->seconds) : 0.0},
              {"choice_over_fastest_measured_again", rematch},
              {"top5_step_error", worst_top_time},

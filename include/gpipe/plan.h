@@ -16,7 +16,8 @@
 //
 //   step time  predict() (schedule/predict.h) on the family's schedule with each stage's costs
 //              the sum of its layers' (the last stage's with the loss's, where plan() has it);
-//              a checkpointed backward also recomputes the forward.
+//              a checkpointed backward also recomputes the forward. Workers that outnumber the
+//              cores share them (PlanOptions::cores).
 //   memory     per worker, the parameters (times param_scale: weights, gradients, optimizer
 //              state) of its layers, plus the most its stages hold together at any moment of the
 //              schedule (predict()'s held_microbatches: per worker, as each action starts and
@@ -122,11 +123,24 @@ struct PlanOptions {
   TORCH_ARG(double, latency) = 0;
   TORCH_ARG(double, seconds_per_byte) = 0;
 
+  /// Intra-op threads each worker will run (PipelineScheduleOptions::intra_op_threads): the
+  /// calibration's workers run as many, and they say how many workers the CPU's cores hold at
+  /// once. Default: 1, the pipeline's.
+  TORCH_ARG(int64_t, intra_op_threads) = 1;
+
+  /// Workers that compute at full speed at once: with more computing, each is predicted to run
+  /// at cores / computing of its speed, as threads sharing a CPU's cores do (predict()'s
+  /// ActionCosts::cores; the calibration reads its pipeline's times the same way). 0: on the
+  /// CPU, this machine's cores over intra_op_threads, at least 1; on other devices one per
+  /// worker. Default: 0.
+  TORCH_ARG(int64_t, cores) = 0;
+
   /// Profiling passes per layer and micro-batch size; each cost is the median. Default: 3.
   TORCH_ARG(int64_t, repetitions) = 3;
 
   /// On the CPU, whether to calibrate the profile: for each micro-batch count, train the model
-  /// for 1 + `repetitions` GPipe steps on `workers` worker threads (the counts taking turns)
+  /// for 1 + `repetitions` GPipe steps on `workers` worker threads of `intra_op_threads` each
+  /// (the counts taking turns)
   /// and scale the layers' times by what the steps' forwards and backwards took against their
   /// layers alone. Costs those steps; leaves the model as it was. Default: true.
   TORCH_ARG(bool, calibrate) = true;
@@ -174,6 +188,8 @@ struct PlanReport {
   std::vector<Rejection> rejected;
   /// One per micro-batch count where the profile was calibrated.
   std::vector<Calibration> calibration;
+  /// The cores the workers were predicted to share (PlanOptions::cores); 0 for one each.
+  int64_t cores = 0;
   /// How long profiling (calibration included) and the search took.
   double profile_seconds = 0;
   double search_seconds = 0;
@@ -185,8 +201,9 @@ struct PlanReport {
 /// Profiles `model` on `sample` (one mini-batch) and searches as the top of this file says.
 /// Throws c10::ValueError for a model without layers, fewer than one worker, a negative cap, no
 /// schedules, a micro-batch count below 1 or above the batch size, param_scale below 0, a
-/// negative link or receive window, or fewer than one repetition; and as profile_times() for a
-/// model it cannot profile.
+/// negative link, receive window or count of cores, fewer than one intra-op thread or
+/// repetition; and as
+/// profile_times() for a model it cannot profile.
 ///
 /// Without a loss, the last stage's backward is taken to start from the output as its own
 /// gradient (the loss half the sum of its squares, free), and the calibration trains with that.

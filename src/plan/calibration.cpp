@@ -6,7 +6,6 @@
 #include "gpipe/schedule/runtime.h"
 #include "gpipe/trace.h"
 
-#include <ATen/Parallel.h>
 #include <c10/util/irange.h>
 #include <torch/torch.h>
 
@@ -41,8 +40,8 @@ at::Tensor half_squares(const Batch& output, const Batch& /*target*/) {
 
 std::vector<Calibration> calibrate(torch::nn::Sequential model, const Batch& sample,
                                    const Batch& target, const schedule::LossFunction& loss,
-                                   int64_t workers, const std::map<int64_t, ModelCosts>& profiles,
-                                   int64_t steps) {
+                                   int64_t workers, int64_t threads, int64_t cores,
+                                   const std::map<int64_t, ModelCosts>& profiles, int64_t steps) {
   // One GPipe pipeline per micro-batch count, each cut where its profile balances time.
   struct Run {
     int64_t microbatches;
@@ -68,7 +67,7 @@ std::vector<Calibration> calibrate(torch::nn::Sequential model, const Batch& sam
         std::make_unique<schedule::PipelineSchedule>(model, run.balance, loss,
                                                      schedule::PipelineScheduleOptions(microbatches)
                                                          .schedule(schedule::ScheduleKind::kGPipe)
-                                                         .intra_op_threads(at::get_num_threads())
+                                                         .intra_op_threads(threads)
                                                          .tracer(run.tracer));
     run.pipeline->step(sample, target);  // warm up
     run.tracer->clear();
@@ -82,7 +81,8 @@ std::vector<Calibration> calibrate(torch::nn::Sequential model, const Batch& sam
   std::vector<Calibration> calibrations;
   for (const auto& run : runs) {
     const int64_t stages = static_cast<int64_t>(run.balance.size());
-    const schedule::ActionCosts measured = schedule::costs_from_trace(run.tracer->events(), stages);
+    const schedule::ActionCosts measured =
+        schedule::costs_from_trace(run.tracer->events(), stages, cores);
     // The last stage's forward ran the loss, and its backward started there.
     double forward = 0, backward = 0;
     double profiled_forward = run.costs->loss.forward, profiled_backward = run.costs->loss.backward;

@@ -30,14 +30,16 @@ at::Tensor half_squares(const Batch& output, const Batch& target);
 /// Measured over profiled, for each micro-batch count of `profiles` (the profile of one such
 /// micro-batch per count). Trains `model` on `sample` and `target` (a whole mini-batch, on the
 /// CPU) with `loss` and GPipe on `workers` worker threads (fewer where the model has fewer
-/// layers), each with the caller's intra-op threads, cut where the count's profile balances
+/// layers) of `threads` intra-op threads each, cut where the count's profile balances
 /// time: one step per count, then `steps` traced steps of each, the counts taking turns. The
-/// last stage's profiled costs include the loss's. The model is left as it was: values,
-/// buffers, modes, no gradients.
+/// last stage's profiled costs include the loss's. With `cores` (> 0) the workers shared that
+/// many: each action counts what it would have taken alone (costs_from_trace), so that the
+/// factors say how much slower a layer runs in a pipeline, not how crowded this one was. The
+/// model is left as it was: values, buffers, modes, no gradients.
 std::vector<Calibration> calibrate(torch::nn::Sequential model, const Batch& sample,
                                    const Batch& target, const schedule::LossFunction& loss,
-                                   int64_t workers, const std::map<int64_t, ModelCosts>& profiles,
-                                   int64_t steps);
+                                   int64_t workers, int64_t threads, int64_t cores,
+                                   const std::map<int64_t, ModelCosts>& profiles, int64_t steps);
 
 /// `costs` with their times, the loss's included, multiplied by `calibration`'s factors (a
 /// split backward's halves by the backward's).

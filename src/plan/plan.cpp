@@ -59,6 +59,10 @@ void check(const PlanOptions& options, int64_t batch_size) {
                     ", seconds_per_byte: ", options.seconds_per_byte(), ")");
   TORCH_CHECK_VALUE(options.receive_window() >= 0, "receive_window must not be negative ",
                     "(receive_window: ", options.receive_window(), ")");
+  TORCH_CHECK_VALUE(options.cores() >= 0, "cores must not be negative (cores: ", options.cores(),
+                    ")");
+  TORCH_CHECK_VALUE(options.intra_op_threads() >= 1, "intra_op_threads must be positive ",
+                    "(intra_op_threads: ", options.intra_op_threads(), ")");
   TORCH_CHECK_VALUE(options.repetitions() >= 1,
                     "repetitions must be positive (repetitions: ", options.repetitions(), ")");
 }
@@ -102,6 +106,7 @@ class Family {
     schedule::ActionCosts costs;
     costs.latency = options_.latency();
     costs.seconds_per_byte = options_.seconds_per_byte();
+    costs.cores = options_.cores();
     if (options_.ranks()) costs.receive_window = receive_window_;
     std::vector<int64_t> first(S + 1, 0);  // stage s holds layers [first[s], first[s + 1])
     for (const auto s : c10::irange(S)) first[s + 1] = first[s] + balance[s];
@@ -272,6 +277,13 @@ PlanReport plan_with(torch::nn::Sequential model, const Batch& sample, const Bat
   }
   const int64_t W = options.workers(), L = static_cast<int64_t>(model->size());
   PlanReport report;
+  report.cores = options.cores() >= W  ? 0  // nothing shared
+                 : options.cores() > 0 ? options.cores()
+                 : sample[0].device().is_cpu()
+                     ? schedule::cpu_cores_shared(W, options.intra_op_threads())
+                     : 0;
+  PlanOptions resolved = options;
+  resolved.cores(report.cores);
 
   // Profile once per micro-batch size (the first micro-batch's: the largest).
   auto begun = Clock::now();
@@ -298,8 +310,8 @@ PlanReport plan_with(torch::nn::Sequential model, const Batch& sample, const Bat
   if (options.calibrate() && sample[0].device().is_cpu()) {
     report.calibration = plan_detail::calibrate(
         model, sample, target != nullptr ? *target : sample,
-        loss != nullptr ? *loss : schedule::LossFunction(plan_detail::half_squares), W, costs,
-        options.repetitions());
+        loss != nullptr ? *loss : schedule::LossFunction(plan_detail::half_squares), W,
+        options.intra_op_threads(), report.cores, costs, options.repetitions());
     for (const auto& calibration : report.calibration) {
       plan_detail::apply(calibration, costs[calibration.microbatches]);
     }
@@ -338,7 +350,7 @@ PlanReport plan_with(torch::nn::Sequential model, const Batch& sample, const Bat
         const schedule::Schedule plan_schedule = schedule::make_schedule(kind, W, S, m);
         for (const CheckpointMode mode : modes) {
           family_plan.checkpoint = mode;
-          const Family family(family_plan, plan_schedule, model_costs, options);
+          const Family family(family_plan, plan_schedule, model_costs, resolved);
           Plan best = family.search();
           if (family.excess(best) > 0) {
             report.rejected.push_back(
@@ -418,6 +430,10 @@ std::ostream& operator<<(std::ostream& out, const PlanReport& report) {
       out << line;
     }
     out << "\n";
+  }
+  if (report.cores > 0) {
+    out << "predicted on " << report.cores << " core" << (report.cores == 1 ? "" : "s")
+        << " shared by the workers\n";
   }
   std::snprintf(line, sizeof(line), "profiled in %.2f s, searched in %.2f s\n",
                 report.profile_seconds, report.search_seconds);

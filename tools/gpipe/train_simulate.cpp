@@ -59,7 +59,11 @@ Profile profile(const torch::nn::Sequential& model, int64_t stages, schedule::Sc
     }
   }
   for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
-  result.costs = schedule::costs_from_trace(tracer->events(), stages);
+  // Workers that outnumber the cores shared them: read each action as if alone, and share them
+  // again in predict().
+  const int64_t workers = stages / per_worker;
+  result.costs = schedule::costs_from_trace(tracer->events(), stages,
+                                            schedule::cpu_cores_shared(workers, c.threads));
   return result;
 }
 
@@ -131,8 +135,7 @@ SimulateReport simulate_schedules(const TrainConfig& c, std::ostream& out) {
   out << "gpipe train --simulate: " << W << " worker threads, " << M << " micro-batches, batch "
       << c.batch_size << "; costs of " << kProfiledSteps << " profiled steps of zb1p over " << W
       << " stages" << (doubled ? " and of zbv over " + std::to_string(2 * W) : std::string())
-      << " (no checkpointing), " << describe_model(model, options, c.load)
-      << "\n";
+      << " (no checkpointing), " << describe_model(model, options, c.load) << "\n";
   char line[160];
   std::snprintf(line, sizeof(line), "%-18s %7s %16s %8s %26s\n", "schedule", "stages",
                 "predicted step", "bubble", "activations, worst worker");
