@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -239,6 +240,21 @@ TEST(DocsTest, PlanningSnippet) {
   const torch::Tensor loss = pipe.step(input, target);
   EXPECT_TRUE(std::isfinite(loss.item<double>()));
   EXPECT_LE(best.largest_peak_bytes(), 64 << 20);
+}
+
+// docs/planning.md, "On ranks": compiled only, since it needs a launcher's ranks
+// (DistributedSharePlansTest runs share_plans).
+[[maybe_unused]] gpipe::Plan plan_on_ranks(const torch::nn::Sequential& model,
+                                           const torch::Tensor& sample,
+                                           std::chrono::milliseconds timeout) {
+  // clang-format off
+auto group = gpipe::distributed::rendezvous(gpipe::distributed::read_environment(), timeout);
+const gpipe::Plan choice = gpipe::distributed::share_plans(group, [&] {
+  return std::vector<gpipe::Plan>{
+      gpipe::plan(model, sample, gpipe::PlanOptions(group.world_size()).ranks(true)).best()};
+})[0];
+  // clang-format on
+  return choice;
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "gpipe/distributed/environment.h"
 #include "gpipe/distributed/pipeline_stage.h"
 #include "gpipe/distributed/rendezvous.h"
+#include "gpipe/distributed/share_plans.h"
 #include "gpipe/memory.h"
 #include "gpipe/microbatch.h"
 #include "gpipe/pipe.h"

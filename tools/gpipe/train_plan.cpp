@@ -2,10 +2,11 @@
 
 #include "text_corpus.h"
 
+#include <gpipe/distributed/share_plans.h>
+
 #include <c10/util/StringUtil.h>
 #include <torch/torch.h>
 
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -13,35 +14,6 @@ namespace gpipe {
 namespace cli {
 
 namespace {
-
-// The choice as rank 0 sends it to the others: "ok <schedule> <stages per worker>
-// <micro-batches> <checkpoint> <layers per stage>...", or "error <what rank 0 threw>".
-std::string encode(const Plan& plan) {
-  std::ostringstream out;
-  out << "ok " << static_cast<int>(plan.schedule) << " " << plan.stages_per_worker << " "
-      << plan.microbatches << " " << static_cast<int>(plan.checkpoint);
-  for (const int64_t b : plan.balance) out << " " << b;
-  return out.str();
-}
-
-Plan decode(const std::string& text) {
-  std::istringstream in(text);
-  std::string status;
-  in >> status;
-  if (status != "ok") {
-    TORCH_CHECK(false, "rank 0 could not plan:", text.substr(std::min(text.size(), status.size())));
-  }
-  Plan plan;
-  int schedule = 0, checkpoint = 0;
-  in >> schedule >> plan.stages_per_worker >> plan.microbatches >> checkpoint;
-  plan.schedule = static_cast<schedule::ScheduleKind>(schedule);
-  plan.checkpoint = static_cast<CheckpointMode>(checkpoint);
-  for (int64_t b = 0; in >> b;) plan.balance.push_back(b);
-  return plan;
-}
-
-// Rank 0's plan, for every rank.
-constexpr const char* kPlanKey = "plan";
 
 Plan plan_here(const TrainConfig& c, std::ostream& out) {
   torch::manual_seed(static_cast<uint64_t>(c.seed));
@@ -62,7 +34,8 @@ Plan plan_here(const TrainConfig& c, std::ostream& out) {
           .memory_cap(static_cast<int64_t>(c.memory_budget_mib * 1048576.0))
           .param_scale(4.0)  // weights, gradients and AdamW's two moments
           .ranks(c.ranks.has_value())
-          .receive_window(c.receive_window));
+          .receive_window(c.receive_window)
+          .intra_op_threads(c.threads));
   out << "gpipe train --plan: " << workers
       << (c.ranks ? " ranks, planned as worker threads of rank 0" : " worker threads") << ", batch "
       << c.batch_size
@@ -83,24 +56,8 @@ Plan plan_training(const TrainConfig& c, std::ostream& out,
                    const distributed::ProcessGroup* ranks) {
   if (!c.ranks) return plan_here(c, out);
   TORCH_INTERNAL_ASSERT(ranks, "plan_training on ranks without their group");
-  if (ranks->rank() != 0) {
-    const std::vector<uint8_t> bytes = ranks->store->get(kPlanKey);
-    return decode(std::string(bytes.begin(), bytes.end()));
-  }
-  std::string message;
-  try {
-    const Plan best = plan_here(c, out);
-    message = encode(best);
-    ranks->store->set(kPlanKey, std::vector<uint8_t>(message.begin(), message.end()));
-    return best;
-  } catch (const std::exception& error) {
-    // The others would wait for a choice until their timeout: tell them there is none.
-    const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
-    message =
-        std::string("error ") + (c10_error ? c10_error->what_without_backtrace() : error.what());
-    ranks->store->set(kPlanKey, std::vector<uint8_t>(message.begin(), message.end()));
-    throw;
-  }
+  return distributed::share_plans(*ranks, [&] { return std::vector<Plan>{plan_here(c, out)}; })
+      .front();
 }
 
 TrainConfig with_plan(TrainConfig c, const Plan& plan) {
