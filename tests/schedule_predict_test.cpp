@@ -184,6 +184,23 @@ TEST(SchedulePredictTest, WorkersShareTheCoresTheyOutnumber) {
                           "costs: cores must be non-negative, but is -1");
 }
 
+// A schedule simulated once predicts as it does simulated each time; a timeline of another
+// schedule is refused.
+TEST(SchedulePredictTest, ATimelineMadeOnceServesManyCosts) {
+  const Schedule plan = one_f_one_b_schedule(3, 6);
+  const Timeline timeline = simulate(plan);
+  ActionCosts costs = ActionCosts::unit(3);
+  for (const double forward : {0.5, 1.0, 3.0}) {
+    costs.forward.assign(3, forward);
+    const Prediction each = predict(plan, costs);
+    const Prediction once = predict(plan, costs, timeline);
+    EXPECT_EQ(once.end, each.end);
+    EXPECT_EQ(once.peak_live_microbatches, each.peak_live_microbatches);
+  }
+  GPIPE_EXPECT_THROW_WITH(predict(one_f_one_b_schedule(3, 5), costs, timeline), c10::ValueError,
+                          "the timeline is not the schedule's");
+}
+
 // What a stage holds at most is what a real step's Stage held, for every schedule.
 TEST(SchedulePredictTest, PeakLiveMicroBatchesAreTheRealOnes) {
   torch::manual_seed(0);

@@ -91,6 +91,7 @@ class Family {
          const PlanOptions& options)
       : shape_(std::move(shape)),
         schedule_(std::move(schedule)),
+        timeline_(schedule::simulate(schedule_)),
         layers_(costs.layers),
         loss_(costs.loss),
         tied_(costs.tied),
@@ -136,7 +137,7 @@ class Family {
       costs.backward.push_back(whole + recomputing);
       costs.message_bytes.push_back(last ? 0 : layers_[first[s + 1]].input_bytes);
     }
-    const schedule::Prediction prediction = schedule::predict(schedule_, costs);
+    const schedule::Prediction prediction = schedule::predict(schedule_, costs, timeline_);
 
     Plan plan = shape_;
     plan.balance = balance;
@@ -233,6 +234,7 @@ class Family {
  private:
   Plan shape_;
   schedule::Schedule schedule_;
+  schedule::Timeline timeline_;  // its simulation, made once for every balance
   const std::vector<LayerCosts>& layers_;
   const LayerCosts& loss_;
   const std::vector<plan_detail::TiedParameter>& tied_;

@@ -90,7 +90,17 @@ int64_t cpu_cores_shared(int64_t workers, int64_t threads) {
 }
 
 Prediction predict(const Schedule& schedule, const ActionCosts& costs) {
-  const Timeline timeline = simulate(schedule);  // validates; counts what each stage holds
+  return predict(schedule, costs, simulate(schedule));  // validates; counts what stages hold
+}
+
+Prediction predict(const Schedule& schedule, const ActionCosts& costs, const Timeline& timeline) {
+  TORCH_CHECK_VALUE(
+      timeline.rounds.size() == schedule.actions.size() &&
+          std::equal(timeline.rounds.begin(), timeline.rounds.end(), schedule.actions.begin(),
+                     [](const auto& rounds, const auto& actions) {
+                       return rounds.size() == actions.size();
+                     }),
+      "the timeline is not the schedule's: simulate(schedule) makes it");
   const int64_t S = schedule.num_stages;
   check_costs(costs.forward, S, "forward");
   check_costs(costs.backward, S, "backward");

@@ -84,6 +84,12 @@ int64_t cpu_cores_shared(int64_t workers, int64_t threads);
 /// count of cores.
 Prediction predict(const Schedule& schedule, const ActionCosts& costs);
 
+/// As above, with the schedule's simulation made once (`timeline`: simulate(schedule), which
+/// validated it) for many costs: simulating takes most of a prediction's time, and a planner
+/// predicts one schedule under many balances. Throws c10::ValueError, besides the above, for a
+/// timeline of another shape than the schedule.
+Prediction predict(const Schedule& schedule, const ActionCosts& costs, const Timeline& timeline);
+
 /// The median duration of each compute kind per stage among `events` (a tracer's, trace.h), in
 /// seconds, for `num_stages` stages. A kind the trace lacks is made of the others: a whole
 /// backward is its halves' sum, each half half a backward. Messages are left free. With `cores`
