@@ -9,6 +9,7 @@
 #include "gpipe/schedule/runtime.h"
 
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace gpipe {
@@ -179,6 +180,10 @@ TEST(SchedulePredictTest, WorkersShareTheCoresTheyOutnumber) {
     EXPECT_GE(two, own.step_time);
     EXPECT_LT(two, one.step_time);
   }
+  // This machine: its cores, each worker of one intra-op thread on one; at least one worker.
+  const auto machine = static_cast<int64_t>(std::thread::hardware_concurrency());
+  EXPECT_EQ(cpu_workers_at_once(1), std::max<int64_t>(1, machine));
+  EXPECT_EQ(cpu_workers_at_once(2 * machine + 2), 1);
   costs.cores = -1;
   GPIPE_EXPECT_THROW_WITH(predict(plan, costs), c10::ValueError,
                           "costs: cores must be non-negative, but is -1");

@@ -140,9 +140,9 @@ struct PlanOptions {
 
   /// On the CPU, whether to calibrate the profile: for each micro-batch count, train the model
   /// for 1 + `repetitions` GPipe steps on `workers` worker threads of `intra_op_threads` each
-  /// (the counts taking turns)
-  /// and scale the layers' times by what the steps' forwards and backwards took against their
-  /// layers alone. Costs those steps; leaves the model as it was. Default: true.
+  /// (the counts taking turns) and scale the layers' times by what the steps' forwards and
+  /// backwards took against their layers alone. Costs those steps; leaves the model as it was.
+  /// Default: true.
   TORCH_ARG(bool, calibrate) = true;
 };
 
@@ -202,8 +202,7 @@ struct PlanReport {
 /// Throws c10::ValueError for a model without layers, fewer than one worker, a negative cap, no
 /// schedules, a micro-batch count below 1 or above the batch size, param_scale below 0, a
 /// negative link, receive window or count of cores, fewer than one intra-op thread or
-/// repetition; and as
-/// profile_times() for a model it cannot profile.
+/// repetition; and as profile_times() for a model it cannot profile.
 ///
 /// Without a loss, the last stage's backward is taken to start from the output as its own
 /// gradient (the loss half the sum of its squares, free), and the calibration trains with that.

@@ -279,11 +279,11 @@ PlanReport plan_with(torch::nn::Sequential model, const Batch& sample, const Bat
   }
   const int64_t W = options.workers(), L = static_cast<int64_t>(model->size());
   PlanReport report;
-  report.cores = options.cores() >= W  ? 0  // nothing shared
-                 : options.cores() > 0 ? options.cores()
-                 : sample[0].device().is_cpu()
-                     ? schedule::cpu_cores_shared(W, options.intra_op_threads())
-                     : 0;
+  const int64_t cores = options.cores() > 0 ? options.cores()
+                        : sample[0].device().is_cpu()
+                            ? schedule::cpu_workers_at_once(options.intra_op_threads())
+                            : 0;
+  report.cores = cores < W ? cores : 0;  // with a core each, nothing is shared
   PlanOptions resolved = options;
   resolved.cores(report.cores);
 

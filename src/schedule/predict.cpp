@@ -83,10 +83,9 @@ ActionCosts ActionCosts::unit(int64_t num_stages) {
   return costs;
 }
 
-int64_t cpu_cores_shared(int64_t workers, int64_t threads) {
+int64_t cpu_workers_at_once(int64_t threads) {
   const auto cores = static_cast<int64_t>(std::thread::hardware_concurrency());
-  const int64_t each = std::max<int64_t>(1, cores / std::max<int64_t>(1, threads));
-  return each < workers ? each : 0;
+  return std::max<int64_t>(1, cores / std::max<int64_t>(1, threads));
 }
 
 Prediction predict(const Schedule& schedule, const ActionCosts& costs) {

@@ -61,9 +61,8 @@ Profile profile(const torch::nn::Sequential& model, int64_t stages, schedule::Sc
   for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
   // Workers that outnumber the cores shared them: read each action as if alone, and share them
   // again in predict().
-  const int64_t workers = stages / per_worker;
   result.costs = schedule::costs_from_trace(tracer->events(), stages,
-                                            schedule::cpu_cores_shared(workers, c.threads));
+                                            schedule::cpu_workers_at_once(c.threads));
   return result;
 }
 

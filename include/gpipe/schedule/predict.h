@@ -74,10 +74,9 @@ struct Prediction {
   std::vector<std::vector<std::vector<HeldMicrobatches>>> held_microbatches;
 };
 
-/// The cores of this machine's CPU that `workers` worker threads, each running `threads`
-/// intra-op threads, share, as ActionCosts::cores takes them: the CPU's cores over `threads`, at
-/// least 1; or 0 where that is as many as the workers or more (each has its own).
-int64_t cpu_cores_shared(int64_t workers, int64_t threads);
+/// How many workers of `threads` intra-op threads each this machine's CPU runs at full speed at
+/// once, as ActionCosts::cores takes it: its cores over `threads`, at least 1.
+int64_t cpu_workers_at_once(int64_t threads);
 
 /// Predicts `schedule` under `costs`. Throws c10::ValueError for an invalid schedule
 /// (validate.h), or for costs with fewer entries than stages, negative, or a negative window or
