@@ -183,6 +183,9 @@ int run_rank(const Config& c, const std::string& out) {
     cpu.push_back(process_cpu_seconds() - cpu_start);
     communication.push_back(pipe.last_communication_seconds());
   }
+  // As pipelining.py: no rank writes its results, or exits, and takes a core for it while
+  // another still runs its last step.
+  group.group->barrier()->wait();
   const nlohmann::json report{{"steps", steps},
                               {"communication", communication},
                               {"cpu", cpu},
@@ -200,6 +203,7 @@ int run_rank(const Config& c, const std::string& out) {
   const std::string prefix = out + ".rank" + std::to_string(rank);
   std::ofstream(prefix + ".pt", std::ios::binary).write(bytes.data(), bytes.size());
   std::ofstream(prefix + ".json") << report.dump() << "\n";
+  group.group->barrier()->wait();
   return 0;
 }
 
