@@ -380,6 +380,42 @@ TEST(DistributedTransportTest, AnActivationsMessageGoesWhenItsGradientComesBack)
   EXPECT_LT(held, kMicroBatches * static_cast<int64_t>(activation.nbytes())) << held;
 }
 
+// 1F1B's exchange: stage 0 sends the next activation once a gradient came. Each activation says
+// how many gradients stage 0 has, so stage 1 holds the message of its last gradient only, not
+// one per micro-batch until flush().
+TEST(DistributedTransportTest, AGradientsMessageGoesWhenAnActivationSaysItCame) {
+  memory::install_tracking_cpu_allocator();
+  constexpr int64_t kMicroBatches = 8;
+  const at::Tensor activation = torch::ones({256, 1024});  // 1 MiB
+  int64_t held = -1;
+  run_ranks([&](int64_t rank, C10dTransport& transport) {
+    for (int step = 0; step < 2; ++step) {
+      transport.begin_step();
+      if (rank == 0) {
+        transport.expect(1, 0, kMicroBatches);
+        transport.send(Batch(activation), 0, 1, 0);
+        for (int64_t i = 0; i < kMicroBatches; ++i) {
+          EXPECT_TRUE(testing::bitwise_equal(transport.recv(1, 0, i).tensor(), activation * 2));
+          if (i + 1 < kMicroBatches) transport.send(Batch(activation), 0, 1, i + 1);
+        }
+        transport.flush();
+        continue;
+      }
+      transport.expect(0, 1, kMicroBatches);
+      const memory::ScopedWorkerTag tag(memory::kMaxTags - 1);
+      const int64_t before = memory::cpu_worker_current_bytes(memory::kMaxTags - 1);
+      for (int64_t i = 0; i < kMicroBatches; ++i) {
+        transport.send(Batch(transport.recv(0, 1, i).tensor() * 2), 1, 0, i);
+      }
+      held = memory::cpu_worker_current_bytes(memory::kMaxTags - 1) - before;
+      transport.flush();
+    }
+  });
+  // The last gradient's message, and less than another.
+  EXPECT_GE(held, static_cast<int64_t>(activation.nbytes())) << held;
+  EXPECT_LT(held, 2 * static_cast<int64_t>(activation.nbytes())) << held;
+}
+
 // The tags of 1024 transports of up to 1022 stages fit in a Gloo tag; more are refused.
 TEST(DistributedTransportTest, TagRangesThatDoNotFitAreRefused) {
   Environment env;  // one rank

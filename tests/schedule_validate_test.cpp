@@ -111,14 +111,14 @@ TEST(ScheduleValidateTest, HeldMicrobatchesAtEveryMomentMemoryCanPeak) {
     worker0.push_back(moment[0]);
   }
   using Starting = HeldMicrobatches::Starting;
-  // The seventh count: outputs whose gradient the next stage has not computed. It falls as
-  // stage 1's backwards, each a round ahead of stage 0's, return them. The last two: forwards
+  // The seventh count: outputs sent that no message back has said came. Stage 1's first
+  // gradient, sent after all 3 activations came, says so for all of them. The last two: forwards
   // and backwards not started yet, the one starting excluded.
   std::vector<HeldMicrobatches> expected{
       {0, 0, Starting::kForward, 0, 0, 0, 0, 2, 3},  {1, 0, Starting::kForward, 0, 0, 0, 1, 1, 3},
       {2, 0, Starting::kForward, 0, 0, 0, 2, 0, 3},  {1, 0, Starting::kNothing, 0, 0, 0, 1, 2, 3},
       {2, 0, Starting::kNothing, 0, 0, 0, 2, 1, 3},  {3, 0, Starting::kNothing, 0, 0, 0, 3, 0, 3},
-      {3, 0, Starting::kBackward, 0, 0, 0, 2, 0, 2}, {2, 0, Starting::kBackward, 0, 0, 0, 1, 0, 1},
+      {3, 0, Starting::kBackward, 0, 0, 0, 0, 0, 2}, {2, 0, Starting::kBackward, 0, 0, 0, 0, 0, 1},
       {1, 0, Starting::kBackward, 0, 0, 0, 0, 0, 0}};
   std::sort(worker0.begin(), worker0.end());
   std::sort(expected.begin(), expected.end());
@@ -134,6 +134,15 @@ TEST(ScheduleValidateTest, HeldMicrobatchesAtEveryMomentMemoryCanPeak) {
   }
   std::sort(sent.begin(), sent.end());
   EXPECT_EQ(sent, (std::vector<int64_t>{0, 1, 2}));
+  // Under 1F1B each activation that comes after stage 0 took a gradient says so: the last stage
+  // holds one gradient sent as each backward starts, not all of them.
+  sent.clear();
+  const Timeline one_f_one_b = simulate(one_f_one_b_schedule(2, 6));
+  for (const auto& moment : one_f_one_b.held_microbatches[1]) {
+    if (moment[0].starting == Starting::kBackward) sent.push_back(moment[0].sent_upstream);
+  }
+  std::sort(sent.begin(), sent.end());
+  EXPECT_EQ(sent, (std::vector<int64_t>{0, 1, 1, 1, 1, 1}));
   // Under a split backward, and with stages sharing a worker, the counts of each stage are
   // among them, up to the peaks; at most one stage starts an action at a moment.
   for (const Schedule& schedule : {zb1p_schedule(3, 6), zbv_schedule(2, 4), v_min_schedule(2, 6),

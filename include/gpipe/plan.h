@@ -41,10 +41,10 @@
 //              micro-batch holds only the stage's input, plus its whole activations while its
 //              backward recomputes them (and the last micro-batch's, spared by kExceptLast).
 //              Between ranks (PlanOptions::ranks), copies of what crosses: a stage's input per
-//              micro-batch it holds, the message of each output sent until its gradient comes
-//              back, and of each input gradient sent until the step ends; per edge from another
-//              rank, the buffers of the receives posted ahead (the window's, of the messages
-//              still to come) and of the one an action that starts takes, each message its
+//              micro-batch it holds, the message of each output and input gradient sent until
+//              a message from its receiver says it came (else to the step's end); per edge from
+//              another rank, the buffers of the receives posted ahead (the window's, of the
+//              messages still to come) and of the one an action that starts takes, each message its
 //              batch and header packed together up to 32 MiB (a larger batch goes uncopied,
 //              and a receive ahead of it holds only its header); for a parameter tied
 //              to another rank's layers, the receive of each other rank's part of its gradient
@@ -107,8 +107,8 @@ struct PlanOptions {
 
   /// Whether the workers are ranks (processes, distributed::PipelineStage) rather than threads of
   /// one process. Between ranks what crosses is copied: a rank keeps its own copy of each input
-  /// from another rank while its stage holds it, the message of each output it sent until the
-  /// gradient comes back, the message of each input gradient it sent until the step ends, and a
+  /// from another rank while its stage holds it, the message of each output and input gradient
+  /// it sent until a message from its receiver says it came (at the step's end if none), and a
   /// buffer per receive posted ahead; and tied parameters' gradients are summed across ranks.
   /// Default: false.
   TORCH_ARG(bool, ranks) = false;

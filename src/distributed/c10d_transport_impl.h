@@ -84,13 +84,15 @@ class C10dTransport::Impl {
  private:
   // What a send or receive moves, in words: made only for an error.
   using What = std::function<std::string()>;
-  // An outstanding send: flush() waits for it.
+  using EdgeKey = std::tuple<int64_t, int64_t, schedule::Lane>;  // (from, to, lane)
+  // An outstanding send: flush() waits for it, or release_sends() once it is known received.
   struct Send {
     c10::intrusive_ptr<c10d::Work> work;
     int64_t peer;
     What what;
-    // For an activation's messages, its edge and micro-batch: (from, to, lane, tag).
-    std::optional<std::tuple<int64_t, int64_t, schedule::Lane, int64_t>> activation;
+    // For a batch's messages, its edge and its index among the edge's batches.
+    std::optional<EdgeKey> edge;
+    int64_t index = -1;
   };
 
   TransportEdge& edge(int64_t from_stage, int64_t to_stage, schedule::Lane lane);
@@ -120,12 +122,11 @@ class C10dTransport::Impl {
   // Waits for `work`, abortable by the watcher. On failure records and throws; `what` and
   // `peer` describe what was awaited.
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const What& what, int64_t peer);
-  // Drops the sends of the activation of micro-batch `tag` from `from_stage` to `to_stage`,
-  // waiting for each (at once: its gradient came back, so it was received). A send holds its
-  // message - a one-message batch is a packed copy - until then: Gloo tells a send's completion
-  // only to a wait, and a rank would otherwise hold every message of a step until flush().
-  void release_activation_sends(int64_t from_stage, int64_t to_stage, schedule::Lane lane,
-                                int64_t tag);
+  // Drops the sends of the edge's first `taken` batches, waiting for each (at once: the peer
+  // said it has them). A send holds its message - a one-message batch is a packed copy - until
+  // then: Gloo tells a send's completion only to a wait, and a rank would otherwise hold every
+  // message of a step until flush().
+  void release_sends(const EdgeKey& edge, int64_t taken);
   // Posts a send or receive; if Gloo refuses (a closed connection), the peer failed.
   c10::intrusive_ptr<c10d::Work> post(const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                                       const What& what, int64_t peer);
@@ -149,7 +150,7 @@ class C10dTransport::Impl {
   c10::Device device_;
   int64_t index_;     // of the transports made over the group, counted alike on every rank
   std::string keys_;  // the prefix of this transport's keys in the store
-  std::map<std::tuple<int64_t, int64_t, schedule::Lane>, TransportEdge> edges_;  // (from, to, lane)
+  std::map<EdgeKey, TransportEdge> edges_;
   // Activations sent per (from_stage, to_stage, lane, micro-batch): what their gradients must
   // look like.
   std::map<std::tuple<int64_t, int64_t, schedule::Lane, int64_t>, MessageMetadata> sent_;

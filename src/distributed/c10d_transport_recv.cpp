@@ -122,8 +122,8 @@ Batch C10dTransport::Impl::recv(int64_t from_stage, int64_t to_stage, int64_t ta
                       from_stage, " for micro-batch ", tag, " a gradient ", describe(h.meta),
                       ", but the activation was ", describe(it->second));
     sent_.erase(it);
-    release_activation_sends(to_stage, from_stage, lane, tag);
   }
+  release_sends({to_stage, from_stage, lane}, h.taken);
   const MessageLayout layout = layout_of(h.meta);
   e.record(layout.bytes);
   // The next receive goes out before this batch's own tensors are taken: it holds the next batch.

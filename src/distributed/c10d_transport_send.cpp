@@ -54,24 +54,27 @@ void C10dTransport::Impl::send(Batch batch, int64_t from_stage, int64_t to_stage
   // One message when it fits the buffer the receiver posted for it, so that it lands as soon as
   // it is sent; else the header, then one message per tensor on the payload tag.
   const MessageLayout layout = layout_of(meta);
+  const int64_t index = e.messages;
   const bool one_message =
       layout.bytes <= e.posted_capacity(static_cast<int64_t>(e.step_max.size()));
   e.record(layout.bytes);
-  std::optional<std::tuple<int64_t, int64_t, schedule::Lane, int64_t>> activation;
-  if (kind == kActivation) activation.emplace(from_stage, to_stage, lane, tag);
+  // The batches taken from the edge back tell the peer which of its sends it may let go.
+  const auto back = edges_.find({to_stage, from_stage, lane});
+  Header header{kind, tag, from_stage, to_stage, meta, one_message, /*taken=*/0};
+  if (back != edges_.end()) header.taken = back->second.messages;
   const auto send = [&](at::Tensor message, int on_tag) {
     std::vector<at::Tensor> tensors{std::move(message)};
     ++messages_sent_;
     sends_.push_back({post([&] { return wire.send(tensors, peer, on_tag); }, what, peer), peer,
-                      what, activation});
+                      what, EdgeKey{from_stage, to_stage, lane}, index});
   };
   if (one_message) {
     const auto copying = Clock::now();
-    at::Tensor message = pack(kind, tag, from_stage, to_stage, batch, meta, layout, device_);
+    at::Tensor message = pack(header, batch, layout, device_);
     transfer_seconds_ += std::chrono::duration<double>(Clock::now() - copying).count();
     send(std::move(message), t);
   } else {
-    send(encode(kind, tag, from_stage, to_stage, meta, false).view(at::kByte).to(device_), t);
+    send(encode(header).view(at::kByte).to(device_), t);
     for (const auto& x : batch) {
       if (x.defined() && x.numel() > 0) send(x.contiguous(), payload_tag(t));
     }
@@ -92,13 +95,11 @@ void C10dTransport::Impl::send_to_rank(at::Tensor value, int64_t to_rank) {
   communication_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-void C10dTransport::Impl::release_activation_sends(int64_t from_stage, int64_t to_stage,
-                                                   schedule::Lane lane, int64_t tag) {
-  const auto activation = std::make_tuple(from_stage, to_stage, lane, tag);
+void C10dTransport::Impl::release_sends(const EdgeKey& edge, int64_t taken) {
   size_t kept = 0;
   for (size_t k = 0; k < sends_.size(); ++k) {
     Send& send = sends_[k];
-    if (send.activation == activation) {
+    if (send.edge == edge && send.index < taken) {
       wait(send.work, [&send] { return "the receipt of " + send.what(); }, send.peer);
       continue;
     }

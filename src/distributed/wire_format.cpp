@@ -107,45 +107,45 @@ at::Tensor view_bytes(const at::Tensor& buffer, int64_t offset, int64_t dtype,
       at::TensorOptions(static_cast<c10::ScalarType>(dtype)).device(buffer.device()));
 }
 
-void encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const MessageMetadata& meta,
-            bool one_message, int64_t* header) {
-  int64_t entries = 8;
+void encode(const Header& header, int64_t* out) {
+  const MessageMetadata& meta = header.meta;
+  int64_t entries = 9;
   for (const auto& shape : meta.shapes) entries += 2 + static_cast<int64_t>(shape.size());
-  TORCH_CHECK_VALUE(entries <= kHeaderSize, "stage ", from, " cannot send the metadata of ",
-                    meta.dtypes.size(), " tensors ", describe(meta), " to stage ", to,
+  TORCH_CHECK_VALUE(entries <= kHeaderSize, "stage ", header.from, " cannot send the metadata of ",
+                    meta.dtypes.size(), " tensors ", describe(meta), " to stage ", header.to,
                     ": it needs ", entries, " header entries, but a header holds ", kHeaderSize);
-  int64_t* h = header;
+  int64_t* h = out;
   *h++ = kMagic;
-  *h++ = kind;
-  *h++ = tag;
-  *h++ = from;
-  *h++ = to;
+  *h++ = header.kind;
+  *h++ = header.tag;
+  *h++ = header.from;
+  *h++ = header.to;
   *h++ = meta.atomic ? 1 : 0;
   *h++ = static_cast<int64_t>(meta.dtypes.size());
-  *h++ = one_message ? 1 : 0;
+  *h++ = header.one_message ? 1 : 0;
+  *h++ = header.taken;
   for (const auto k : c10::irange(meta.dtypes.size())) {
     *h++ = meta.dtypes[k];
     *h++ = static_cast<int64_t>(meta.shapes[k].size());
     h = std::copy(meta.shapes[k].begin(), meta.shapes[k].end(), h);
   }
-  std::fill(h, header + kHeaderSize, 0);
+  std::fill(h, out + kHeaderSize, 0);
 }
 
-at::Tensor encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const MessageMetadata& meta,
-                  bool one_message) {
-  at::Tensor header = at::empty({kHeaderSize}, at::kLong);
-  encode(kind, tag, from, to, meta, one_message, header.data_ptr<int64_t>());
-  return header;
+at::Tensor encode(const Header& header) {
+  at::Tensor out = at::empty({kHeaderSize}, at::kLong);
+  encode(header, out.data_ptr<int64_t>());
+  return out;
 }
 
-at::Tensor pack(int64_t kind, int64_t tag, int64_t from, int64_t to, const Batch& batch,
-                const MessageMetadata& meta, const MessageLayout& layout,
+at::Tensor pack(const Header& header, const Batch& batch, const MessageLayout& layout,
                 const c10::Device& device) {
   at::NoGradGuard no_grad;  // bytes to send, not part of any graph
+  const MessageMetadata& meta = header.meta;
   at::Tensor message = at::empty({layout.bytes}, at::TensorOptions(at::kByte).device(device));
   if (device.is_cpu()) {
     auto* bytes = static_cast<uint8_t*>(message.data_ptr());
-    encode(kind, tag, from, to, meta, true, reinterpret_cast<int64_t*>(bytes));
+    encode(header, reinterpret_cast<int64_t*>(bytes));
     for (const auto k : c10::irange(meta.dtypes.size())) {
       const at::Tensor& x = batch[k];
       if (layout.offsets[k] < 0 || x.numel() == 0) continue;  // undefined or no bytes
@@ -156,8 +156,7 @@ at::Tensor pack(int64_t kind, int64_t tag, int64_t from, int64_t to, const Batch
       }
     }
   } else {
-    message.narrow(0, 0, kHeaderBytes)
-        .copy_(encode(kind, tag, from, to, meta, true).view(at::kByte));
+    message.narrow(0, 0, kHeaderBytes).copy_(encode(header).view(at::kByte));
     for (const auto k : c10::irange(meta.dtypes.size())) {
       if (layout.offsets[k] < 0) continue;  // undefined
       view_bytes(message, layout.offsets[k], meta.dtypes[k], meta.shapes[k]).copy_(batch[k]);
@@ -182,9 +181,9 @@ std::vector<at::Tensor> unpack(const at::Tensor& message, const MessageMetadata&
 Header decode(const int64_t* h, int64_t rank, int64_t peer) {
   TORCH_CHECK_VALUE(h[0] == kMagic, "rank ", rank, " received a message from rank ", peer,
                     " that is not a gpipe header: is rank ", peer, " running the same program?");
-  Header header{h[1], h[2], h[3], h[4], {}, h[7] != 0};
+  Header header{h[1], h[2], h[3], h[4], {}, h[7] != 0, h[8]};
   header.meta.atomic = h[5] != 0;
-  int64_t at = 8;
+  int64_t at = 9;
   for (int64_t k = 0; k < h[6] && at + 1 < kHeaderSize; ++k) {
     header.meta.dtypes.push_back(h[at]);
     const int64_t ndim = h[at + 1];
@@ -197,7 +196,8 @@ Header decode(const int64_t* h, int64_t rank, int64_t peer) {
 }
 
 Header decode(const at::Tensor& received, int64_t rank, int64_t peer) {
-  if (received.is_cpu()) return decode(static_cast<const int64_t*>(received.data_ptr()), rank, peer);
+  if (received.is_cpu())
+    return decode(static_cast<const int64_t*>(received.data_ptr()), rank, peer);
   // A NCCL message's header is on its GPU.
   const at::Tensor header = received.narrow(0, 0, kHeaderBytes).to(at::kCPU);
   return decode(static_cast<const int64_t*>(header.data_ptr()), rank, peer);

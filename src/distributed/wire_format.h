@@ -4,8 +4,9 @@
 // metadata.
 //
 // A header is kHeaderSize int64 values: magic, kind, micro-batch, from stage, to stage, atomic,
-// number of tensors, whether the tensors follow in the same message; then per tensor its dtype
-// (-1: undefined), its number of dimensions and its shape.
+// number of tensors, whether the tensors follow in the same message, the messages its sender had
+// taken from the edge back (the receipts of the receiver's sends); then per tensor its dtype (-1:
+// undefined), its number of dimensions and its shape.
 //
 // Internal to the c10d transport.
 #pragma once
@@ -49,6 +50,9 @@ struct Header {
   int64_t kind, tag, from, to;
   MessageMetadata meta;
   bool one_message;  // the tensors' data follows the header in the same message
+  // Batches its sender had received whole on the edge back (to -> from, same lane) when it sent
+  // it: the receiver's sends on that edge up to there have been received.
+  int64_t taken;
 };
 
 const char* kind_name(int64_t kind);
@@ -64,18 +68,14 @@ MessageLayout layout_of(const MessageMetadata& meta);
 // buffer alive).
 at::Tensor view_bytes(const at::Tensor& buffer, int64_t offset, int64_t dtype,
                       const std::vector<int64_t>& shape);
-// Writes the header of a message into `header` (kHeaderSize values); throws c10::ValueError if
-// the metadata does not fit in one.
-void encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const MessageMetadata& meta,
-            bool one_message, int64_t* header);
+// Writes `header` into `out` (kHeaderSize values); throws c10::ValueError if its metadata does
+// not fit in one.
+void encode(const Header& header, int64_t* out);
 // The same as a tensor of kHeaderSize int64 values on the CPU.
-at::Tensor encode(int64_t kind, int64_t tag, int64_t from, int64_t to, const MessageMetadata& meta,
-                  bool one_message);
-// `batch` (of metadata `meta`, laid out as `layout`) as one message on `device`: its header
-// (one_message) and then its tensors' bytes. Throws c10::ValueError if the metadata does not fit
-// in a header.
-at::Tensor pack(int64_t kind, int64_t tag, int64_t from, int64_t to, const Batch& batch,
-                const MessageMetadata& meta, const MessageLayout& layout,
+at::Tensor encode(const Header& header);
+// `batch` (laid out as `layout`) as one message on `device`: `header` (one_message) and then its
+// tensors' bytes. Throws c10::ValueError if the metadata does not fit in a header.
+at::Tensor pack(const Header& header, const Batch& batch, const MessageLayout& layout,
                 const c10::Device& device);
 // The tensors of a batch that came in one message (`message`, of metadata `meta`, laid out as
 // `layout`): views of its bytes, undefined where the metadata says so.

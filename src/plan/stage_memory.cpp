@@ -46,8 +46,8 @@ int64_t StageMemory::held(const schedule::HeldMicrobatches& moment,
                            (moment.starting == Starting::kForward ? landed(in)
                             : backward                            ? landed(out)
                                                                   : 0);
-  // A send holds its message until its receipt: an output's until the gradient comes back (an
-  // uncopied one, tensors its stage keeps anyway), an input gradient's until the step ends.
+  // A send holds its message until a message from its receiver says it came (the timeline's
+  // count); an uncopied output holds only tensors its stage keeps anyway.
   const int64_t sent = moment.unreturned * (packed(out) ? out + message_header : 0) +
                        moment.sent_upstream * landed(in);
   const int64_t passed =

@@ -18,6 +18,7 @@ namespace {
 struct Message {
   int64_t microbatch;
   int64_t arrival;  // the first round in which it can be received
+  int64_t taken;    // messages its stage had received on the edge back (c10d_transport.h)
 };
 
 // Where the simulation of one schedule stands.
@@ -47,6 +48,10 @@ class Simulation {
         unreturned_(S_, 0),
         forwards_left_(S_, M_),
         backwards_left_(S_, M_),
+        activations_taken_(S_, 0),
+        gradients_taken_(S_, 0),
+        activations_acked_(S_, 0),
+        gradients_acked_(S_, 0),
         stages_of_(schedule.num_workers),
         held_(schedule.num_workers) {
     for (const auto s : c10::irange(S_)) {
@@ -112,6 +117,9 @@ class Simulation {
   // forwards_left and backwards_left count, now.
   std::vector<int64_t> upstream_, downstream_, sent_upstream_, unreturned_, forwards_left_,
       backwards_left_;
+  // Per stage: activations and gradients it received, and of the gradients and activations it
+  // sent back, those a message it received said came.
+  std::vector<int64_t> activations_taken_, gradients_taken_, activations_acked_, gradients_acked_;
   // Per worker: its stages, in increasing order; what they held as each compute action of one
   // started, and after each Forward and BackwardInput of one.
   std::vector<std::vector<int64_t>> stages_of_;
@@ -189,7 +197,6 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
       if (s > 0) {
         ++upstream_[s];
         ++sent_upstream_[s];
-        --unreturned_[s - 1];
       }
       // The gradient from the next stage is used, but by the first stage's weight half.
       if (s + 1 < S_ && (a.kind == ActionKind::kBackward || s > 0)) --upstream_[s + 1];
@@ -226,7 +233,7 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         activation ? "Forward" : "Backward or BackwardInput", " of it before)");
       auto& q = queue(s, to);
       if (capacity_ > 0 && static_cast<int64_t>(q.size()) >= capacity_) return Step::kWait;
-      q.push_back({i, round + 1});
+      q.push_back({i, round + 1, activation ? gradients_taken_[s] : activations_taken_[s]});
       sent[k] = true;
       return Step::kRan;
     }
@@ -244,6 +251,12 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         activation ? "activation" : "gradient", " from stage ", from,
                         " is of micro-batch ", q.front().microbatch, ", not ", i,
                         " (messages on an edge arrive in the order they were sent)");
+      // What this stage sent back that the message says came is let go.
+      int64_t& acked = activation ? gradients_acked_[s] : activations_acked_[s];
+      (activation ? sent_upstream_ : unreturned_)[s] -=
+          std::max<int64_t>(q.front().taken - acked, 0);
+      acked = std::max(acked, q.front().taken);
+      ++(activation ? activations_taken_ : gradients_taken_)[s];
       q.pop_front();
       received[k] = true;
       return Step::kRan;

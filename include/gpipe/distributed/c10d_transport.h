@@ -10,9 +10,10 @@
 // the receiver posted for it travels as one message, header and tensors' bytes together (received
 // tensors are views of that buffer); a larger one, such as the edge's first, as the header and
 // then one message per non-empty tensor on the edge's payload tag. Sends are asynchronous: their
-// work, and with it the message (a one-message batch is a packed copy), is kept until flush(),
-// or, for an activation, until its gradient comes back, which proves it was received (Gloo tells
-// a send's completion only to a wait).
+// work, and with it the message (a one-message batch is a packed copy), is kept until it is known
+// received (Gloo tells a send's completion only to a wait): each header says how many batches
+// its sender has received on the edge back, so a gradient that comes lets go of the activations
+// it counts, an activation of the gradients; flush() waits for the rest.
 //
 // Messages in flight (expect()): Gloo writes a send only once the receiver has posted its
 // receive, so a receive posted on demand costs a round trip before the batch moves, and the

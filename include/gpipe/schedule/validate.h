@@ -54,8 +54,8 @@ struct HeldMicrobatches {
   int64_t downstream = 0;
   /// What crosses between ranks stays longer (plan.h's PlanOptions::ranks): in this step, input
   /// gradients this stage computed (its Backward or BackwardInput ran), and outputs it computed
-  /// whose gradient the next stage has not (its Forward ran, the next stage's Backward or
-  /// BackwardInput not).
+  /// (its Forward ran), that no message received since says came. Each message says how many its
+  /// sender has received on the edge back (gpipe/distributed/c10d_transport.h).
   int64_t sent_upstream = 0;
   int64_t unreturned = 0;
   /// This step's Forwards and Backwards (or BackwardInputs) of the stage not started yet, the
