@@ -46,9 +46,9 @@ std::vector<Calibration> calibrate(torch::nn::Sequential model, const Batch& sam
   struct Run {
     int64_t microbatches;
     const ModelCosts* costs;
-    std::vector<int64_t> balance;
+    std::vector<int64_t> balance = {};
     std::shared_ptr<trace::Tracer> tracer = std::make_shared<trace::Tracer>();
-    std::unique_ptr<schedule::PipelineSchedule> pipeline;
+    std::unique_ptr<schedule::PipelineSchedule> pipeline = nullptr;
   };
   const balance::ModuleStateGuard restore(model.ptr());
   model->train(true);
