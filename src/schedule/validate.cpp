@@ -251,11 +251,11 @@ Simulation::Step Simulation::step(int64_t w, int64_t pc, int64_t round) {
                         activation ? "activation" : "gradient", " from stage ", from,
                         " is of micro-batch ", q.front().microbatch, ", not ", i,
                         " (messages on an edge arrive in the order they were sent)");
-      // What this stage sent back that the message says came is let go.
+      // What this stage sent back that the message says came is let go. The counts an edge's
+      // messages carry never fall: they arrive in order, each counted when it was sent.
       int64_t& acked = activation ? gradients_acked_[s] : activations_acked_[s];
-      (activation ? sent_upstream_ : unreturned_)[s] -=
-          std::max<int64_t>(q.front().taken - acked, 0);
-      acked = std::max(acked, q.front().taken);
+      (activation ? sent_upstream_ : unreturned_)[s] -= q.front().taken - acked;
+      acked = q.front().taken;
       ++(activation ? activations_taken_ : gradients_taken_)[s];
       q.pop_front();
       received[k] = true;
